@@ -1,0 +1,26 @@
+# `make run` and `make test` set everything up on a fresh machine: .venv is created when missing
+# and (re)installed when pyproject.toml or the lock changes.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lock clean-venv
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/retrosight run
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+# Refresh the pinned set after changing dependencies in pyproject.toml.
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable --disable-pip-version-check > requirements.lock
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,70 @@
+"""`retrosight run`: one Prefect flow, one task per dvc.yaml stage, each calling DVC's CLI.
+
+DVC decides what is stale (dvc.yaml + params.yaml + dvc.lock); this flow only walks the
+stages in dvc.yaml's order and lets `dvc repro --single-item` run or skip each. A stage's cmd
+(`retrosight stage NAME`) runs that stage's flow as a child run of the calling task.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+from prefect import flow, get_client, task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import get_run_context
+
+PARENT_TASK_ENV = "RETROSIGHT_PARENT_TASK_RUN_ID"
+
+
+def dvc(*args: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
+    env = os.environ.copy()
+    # Stage commands call `retrosight`, which lives beside this interpreter.
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    return subprocess.run(
+        [sys.executable, "-m", "dvc", *args], check=check, env=env, text=True, capture_output=capture
+    )
+
+
+def stage_names(dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
+    return list(yaml.safe_load(dvc_yaml.read_text())["stages"])
+
+
+def stale_stages() -> list[str]:
+    """Stages `dvc status` reports as changed (names in dvc.yaml order)."""
+    out = dvc("status", "--json", capture=True).stdout
+    changed = json.loads(out or "{}")
+    return [s for s in stage_names() if s in changed]
+
+
+def downstream(stage: str) -> list[str]:
+    """`stage` and every stage after it that DVC would rerun with --downstream."""
+    out = dvc("repro", "--dry", "--downstream", "--force", stage, capture=True).stdout
+    names = stage_names()
+    return [s for s in names if f"'{s}'" in out]
+
+
+@task(cache_policy=NO_CACHE, task_run_name="repro-{stage}")
+def repro(stage: str, force: bool = False) -> str:
+    ctx = get_run_context()
+    env_extra = {PARENT_TASK_ENV: str(ctx.task_run.id)}
+    with get_client(sync_client=True) as client:
+        # Child processes join this run's API (the ephemeral server or a real one) instead of
+        # starting their own.
+        env_extra["PREFECT_API_URL"] = str(client.api_url).rstrip("/")
+    os.environ.update(env_extra)
+    args = ["repro", "--single-item", *(["--force"] if force else []), stage]
+    result = dvc(*args, capture=True, check=False)
+    sys.stdout.write(result.stdout)
+    sys.stderr.write(result.stderr)
+    if result.returncode != 0:
+        raise RuntimeError(f"stage '{stage}' failed (dvc repro exit {result.returncode})")
+    return "skipped" if "didn't change, skipping" in result.stdout else "ran"
+
+
+@flow(name="retrosight-pipeline")
+def pipeline(stages: list[str], force: bool = False) -> dict[str, str]:
+    return {s: repro(s, force=force) for s in stages}

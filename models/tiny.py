@@ -1,0 +1,76 @@
+"""The embedded default model: a BPE tokenizer and a small Llama trained from scratch.
+
+No pretrained weights can be downloaded on a fresh CPU machine, so the bootstrap stage builds
+its own. The chat template marks assistant turns with {% generation %} so that
+`return_assistant_tokens_mask` yields the training mask (checked loudly in tasks/sft.py).
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+PAD, END = "<|pad|>", "<|end|>"
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+SPECIAL_TOKENS = [PAD, END, *ROLE_TOKENS.values()]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if message['role'] == 'assistant' %}"
+    "<|assistant|>{% generation %}{{ message['content'] }}<|end|>{% endgeneration %}"
+    "{% else %}"
+    "<|{{ message['role'] }}|>{{ message['content'] }}<|end|>"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Byte-level BPE, so any text (an unseen object name, a user's log) still encodes."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=END,
+        pad_token=PAD,
+        additional_special_tokens=list(ROLE_TOKENS.values()),
+        chat_template=CHAT_TEMPLATE,
+        padding_side="left",  # generation appends on the right
+        model_max_length=4096,
+    )
+
+
+def make_model(
+    tokenizer: PreTrainedTokenizerFast,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    head_dim: int,
+    intermediate_size: int,
+    max_length: int,
+) -> LlamaForCausalLM:
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        head_dim=head_dim,
+        max_position_embeddings=max_length,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
+    return LlamaForCausalLM(config)

@@ -1,0 +1,127 @@
+"""bootstrap: build the embedded default policy from nothing.
+
+Scripted behaviour policies play the train tasks; a BPE tokenizer and a small Llama are trained
+on their demonstrations by SFT (loss on agent turns only). The trained policy then plays beside
+the scripted ones so its success rate can be read next to theirs.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+from transformers import set_seed
+
+from envs.twenty_questions.format import system_prompt
+from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.policies import ExpertPolicy, NoisyPolicy, RandomPolicy, make_behaviour_policy
+from models.base import SamplingParams
+from models.hf import HFGenerator
+from models.tiny import make_model, train_tokenizer
+from storage.parquet import write_table
+from storage.schema import to_table
+from tasks.params import Params
+from tasks.rollout import LMAgent, ScriptedAgent, derive_seed, new_episode, play, summarize
+from tasks.train.sft import tokenize_chats, train_sft
+
+
+def demonstrations(params: Params) -> list:
+    kb = load_kb()
+    b = params.bootstrap
+    episodes = [
+        new_episode(kb, task, "train", derive_seed(params.seed, "demo", task.name, k), params.env.max_turns, params.env.show_candidates)
+        for task in kb.split("train")[: b.limit_tasks]
+        for k in range(b.demos_per_task)
+    ]
+    mixture = make_behaviour_policy(dict(b.behaviour_mix), **b.noisy.model_dump())
+    return play(episodes, ScriptedAgent(mixture.for_episode), params.seed, "demonstrations")
+
+
+def scripted_baselines(params: Params, splits: list[str]) -> dict:
+    """Success of each scripted policy, one episode per task, on the same tasks as the model."""
+    kb = load_kb()
+    n = params.bootstrap.noisy
+    policies = {
+        "expert": lambda rng: ExpertPolicy(),
+        "noisy": lambda rng: NoisyPolicy(n.p_random, n.p_repeat, n.p_early_guess),
+        "random": lambda rng: RandomPolicy(),
+        "mixture": make_behaviour_policy(dict(params.bootstrap.behaviour_mix), **n.model_dump()).for_episode,
+    }
+    out: dict = {}
+    for name, factory in policies.items():
+        for split in splits:
+            eps = [
+                new_episode(kb, t, split, derive_seed(params.seed, "eval", name, t.name), params.env.max_turns, params.env.show_candidates)
+                for t in kb.split(split)[: params.bootstrap.limit_tasks]
+            ]
+            out.setdefault(name, {})[split] = summarize(play(eps, ScriptedAgent(factory), params.seed, f"{name}/{split}"))
+    return out
+
+
+def evaluate_model(params: Params, model_dir: Path, splits: list[str]) -> dict:
+    kb = load_kb()
+    gen = HFGenerator(model_dir, batch_size=params.bootstrap.eval_batch_size)
+    agent = LMAgent(gen, SamplingParams(**params.bootstrap.eval_sampling.model_dump()))
+    out = {}
+    for split in splits:
+        eps = [
+            new_episode(kb, t, split, derive_seed(params.seed, "eval", "model", t.name), params.env.max_turns, params.env.show_candidates)
+            for t in kb.split(split)[: params.bootstrap.limit_tasks]
+        ]
+        out[split] = summarize(play(eps, agent, derive_seed(params.seed, "eval-model"), f"model/{split}"))
+    return out
+
+
+def run_bootstrap(params: Params, out_dir: Path) -> dict:
+    """Writes out_dir/model (HF model directory), demos.parquet and metrics.json."""
+    t0 = time.time()
+    set_seed(params.seed)
+    torch.use_deterministic_algorithms(True)
+    b = params.bootstrap
+    kb = load_kb()
+
+    demos = demonstrations(params)
+    rows = [e.to_row() for e in demos]
+    write_table(to_table(sorted(rows, key=lambda r: r["trajectory_id"]), "trajectories"), out_dir / "demos.parquet", "trajectories")
+
+    conversations = [e.messages for e in demos]
+    # The tokenizer also sees every object name and the candidate-list prompt, so held-out
+    # objects encode as compactly as training ones.
+    names = [n for e in kb.entities for n in (e.name, *e.aliases)]
+    corpus = [m["content"] for c in conversations for m in c] + names
+    corpus += [system_prompt(params.env.max_turns, [x.name for x in kb.split(s)]) for s in ("train", "val", "test")]
+    tokenizer = train_tokenizer(corpus, b.tokenizer.vocab_size)
+
+    m = b.model
+    model = make_model(tokenizer, m.hidden_size, m.num_layers, m.num_heads, m.head_dim, m.intermediate_size, m.max_length)
+    tokenized = tokenize_chats(tokenizer, conversations, m.max_length)
+    t_train = time.time()
+    curve = train_sft(model, tokenizer, tokenized.examples, seed=params.seed, **b.train.model_dump())
+    train_seconds = time.time() - t_train
+
+    model_dir = out_dir / "model"
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+
+    metrics = {
+        "demonstrations": {
+            "episodes": len(demos),
+            **summarize(demos),
+            "tokens": sum(len(x["input_ids"]) for x in tokenized.examples),
+            "supervised_tokens": sum(sum(1 for t in x["labels"] if t >= 0) for x in tokenized.examples),
+            "truncated": tokenized.truncated,
+        },
+        "model": {
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "final_loss": curve[-1]["loss"] if curve else None,
+            "train_seconds": round(train_seconds, 1),
+            "success": evaluate_model(params, model_dir, b.eval_splits),
+        },
+        "scripted": scripted_baselines(params, b.eval_splits),
+        "seconds": round(time.time() - t0, 1),
+    }
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    (out_dir / "loss.json").write_text(json.dumps(curve, indent=1) + "\n")
+    return metrics

@@ -1,0 +1,44 @@
+"""collect ("logging trajectories"): roll the policy out, m trajectories per task.
+
+Every live episode is generated in one batch per step. Each trajectory has its own seed, and
+rows are written in a fixed order, so a rerun with the same seed writes identical bytes.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from envs.twenty_questions.kb import load_kb
+from models.base import SamplingParams
+from models.hf import HFGenerator
+from storage.parquet import write_table
+from storage.schema import to_table
+from tasks.params import Params
+from tasks.rollout import LMAgent, derive_seed, new_episode, play, summarize
+
+
+def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
+    """Writes out_dir/trajectories.parquet and out_dir/metrics.json."""
+    t0 = time.time()
+    c, kb = params.collect, load_kb()
+    generator = HFGenerator(model_dir, batch_size=c.batch_size)
+    agent = LMAgent(generator, SamplingParams(**c.sampling.model_dump()))
+    episodes = [
+        new_episode(kb, task, split, derive_seed(params.seed, "collect", split, task.name, k), params.env.max_turns, params.env.show_candidates)
+        for split in c.splits
+        for task in kb.split(split)[: c.limit_tasks]
+        for k in range(c.m)
+    ]
+    play(episodes, agent, derive_seed(params.seed, "collect"), "collect")
+    rows = sorted((e.to_row() for e in episodes), key=lambda r: (r["split"], r["task_id"], r["seed"]))
+    write_table(to_table(rows, "trajectories"), out_dir / "trajectories.parquet", "trajectories")
+    metrics = {
+        "policy_id": generator.model_id,
+        "trajectories": len(rows),
+        "tasks": len({(r["split"], r["task_id"]) for r in rows}),
+        **{split: summarize([e for e in episodes if e.split == split]) for split in c.splits},
+        "seconds": round(time.time() - t0, 1),
+    }
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics

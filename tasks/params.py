@@ -1,0 +1,125 @@
+"""params.yaml, validated. A misspelt key or a wrong type is an error naming it."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Split = Literal["train", "val", "test"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvParams(Strict):
+    name: Literal["twenty_questions"] = "twenty_questions"
+    max_turns: int = Field(20, ge=1, le=100)
+    show_candidates: bool = False
+
+
+class PolicyRole(Strict):
+    backend: Literal["hf"]
+    model: str  # a Hugging Face model directory
+
+
+class SimulatorRole(Strict):
+    backend: Literal["oracle"]  # the knowledge-base oracle, which sees the secret
+
+
+class Roles(Strict):
+    policy: PolicyRole
+    simulator: SimulatorRole
+
+
+class NoisyParams(Strict):
+    p_random: float = Field(ge=0, le=1)
+    p_repeat: float = Field(ge=0, le=1)
+    p_early_guess: float = Field(ge=0, le=1)
+
+
+class TokenizerParams(Strict):
+    vocab_size: int = Field(ge=300, le=65536)
+
+
+class ModelParams(Strict):
+    hidden_size: int = Field(ge=64)
+    num_layers: int = Field(ge=1)
+    num_heads: int = Field(ge=1)
+    head_dim: int = Field(ge=64)  # vLLM's CPU attention kernels need head_dim >= 64
+    intermediate_size: int = Field(ge=64)
+    max_length: int = Field(ge=128)
+
+
+class TrainParams(Strict):
+    epochs: float = Field(gt=0)
+    batch_size: int = Field(ge=1)
+    learning_rate: float = Field(gt=0)
+    warmup_ratio: float = Field(ge=0, lt=1)
+    weight_decay: float = Field(ge=0)
+
+
+class SamplingParams(Strict):
+    temperature: float = Field(ge=0)
+    top_p: float = Field(gt=0, le=1)
+    max_new_tokens: int = Field(ge=1)
+
+
+class BootstrapParams(Strict):
+    demos_per_task: int = Field(ge=1)
+    behaviour_mix: dict[Literal["expert", "noisy", "random"], float]
+    noisy: NoisyParams
+    tokenizer: TokenizerParams
+    model: ModelParams
+    train: TrainParams
+    eval_splits: list[Split]
+    eval_sampling: SamplingParams
+    eval_batch_size: int = Field(ge=1)
+    limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split: quick smoke runs
+
+    @model_validator(mode="after")
+    def _mix(self) -> "BootstrapParams":
+        if any(w < 0 for w in self.behaviour_mix.values()) or sum(self.behaviour_mix.values()) <= 0:
+            raise ValueError("behaviour_mix weights must be >= 0 and not all zero")
+        return self
+
+
+class CollectParams(Strict):
+    splits: list[Split] = Field(min_length=1)
+    m: int = Field(ge=1)
+    sampling: SamplingParams
+    batch_size: int = Field(ge=1)
+    limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split: quick smoke runs
+
+
+class Params(Strict):
+    seed: int
+    env: EnvParams
+    roles: Roles
+    bootstrap: BootstrapParams
+    collect: CollectParams
+
+
+class ParamsError(ValueError):
+    pass
+
+
+def load_params(path: str | Path = "params.yaml") -> Params:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: not found") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    try:
+        return Params.model_validate(raw or {})
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+            lines.append(f"  {key}: {msg}")
+        raise ParamsError(f"{path}: invalid parameters\n" + "\n".join(lines)) from None

@@ -1,0 +1,198 @@
+"""Play TwentyQuestions episodes, all live episodes batched together at every step.
+
+Used by collect (logging trajectories), by bootstrap (to measure the trained policy beside the
+scripted ones) and later by regenerate and evaluate. An agent turns a batch of live episodes
+into one action text each; the environment's oracle answers.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from envs.twenty_questions.format import (
+    ActionParseError,
+    final_message,
+    observation_message,
+    parse_action,
+    render_action,
+    system_prompt,
+)
+from envs.twenty_questions.game import Game
+from envs.twenty_questions.kb import Entity, KnowledgeBase
+from envs.twenty_questions.policies import PlayerView
+from models.base import Generator, Message, SamplingParams
+from storage.schema import trajectory_id
+
+ENV_NAME = "twenty_questions"
+
+
+def derive_seed(*parts: object) -> int:
+    """A stable 31-bit seed from any parts (Python's hash() is salted per process)."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+@dataclass
+class Episode:
+    task: Entity
+    split: str
+    seed: int
+    game: Game
+    candidates: list[Entity]
+    messages: list[Message] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)
+    parse_failures: int = 0
+    policy_id: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.game.done
+
+    def view(self) -> PlayerView:
+        return PlayerView(
+            candidates=self.candidates,
+            history=list(self.game.history),
+            turn=self.game.turn,
+            max_turns=self.game.max_turns,
+        )
+
+    def apply(self, text: str) -> None:
+        """Execute one action text: parse it, let the oracle answer, log the turn."""
+        try:
+            action = parse_action(text)
+            reason, question = action.reason, action.question
+        except ActionParseError:
+            # An unparseable output still costs a turn: the oracle hears the raw text
+            # (and answers "unknown"), exactly as a sloppy agent would be treated.
+            self.parse_failures += 1
+            reason, question = "", text.strip()
+        step = self.game.step(question)
+        self.messages.append({"role": "assistant", "content": text})
+        if self.game.done:
+            self.messages.append({"role": "user", "content": final_message(step.observation, step.success)})
+        else:
+            self.messages.append(
+                {
+                    "role": "user",
+                    "content": observation_message(step.observation, self.game.turn, self.game.max_turns),
+                }
+            )
+        self.turns.append(
+            {
+                "turn": len(self.turns),
+                "reason": reason,
+                "action": question,
+                "observation": step.observation,
+                "reward": step.reward,
+            }
+        )
+
+    def to_row(self) -> dict:
+        row = {
+            "env": ENV_NAME,
+            "task_id": self.task.name,
+            "split": self.split,
+            "source": "policy",
+            "parent_id": None,
+            "branch_turn": None,
+            "relabel_id": None,
+            "policy_id": self.policy_id,
+            "seed": self.seed,
+            "messages": self.messages,
+            "turns": self.turns,
+            "return": float(sum(t["reward"] for t in self.turns)),
+            "success": bool(self.game.success),
+            "num_turns": len(self.turns),
+        }
+        return {"trajectory_id": trajectory_id(row), **row}
+
+
+def new_episode(
+    kb: KnowledgeBase, task: Entity, split: str, seed: int, max_turns: int, show_candidates: bool
+) -> Episode:
+    candidates = kb.split(split)
+    names = [c.name for c in candidates] if show_candidates else None
+    ep = Episode(task=task, split=split, seed=seed, game=Game(kb, task, max_turns=max_turns), candidates=candidates)
+    ep.messages = [
+        {"role": "system", "content": system_prompt(max_turns=max_turns, candidates=names)},
+        {"role": "user", "content": observation_message(None, 0, max_turns)},
+    ]
+    return ep
+
+
+class Agent(Protocol):
+    def act(self, episodes: Sequence[Episode], step_seed: int) -> list[str]: ...
+
+
+class LMAgent:
+    """A language-model policy: one batched generation call per step for all live episodes."""
+
+    def __init__(self, generator: Generator, sampling: SamplingParams):
+        self.generator, self.sampling = generator, sampling
+
+    def act(self, episodes: Sequence[Episode], step_seed: int) -> list[str]:
+        for ep in episodes:
+            ep.policy_id = self.generator.model_id
+        return self.generator.generate([e.messages for e in episodes], self.sampling, step_seed)
+
+
+class ScriptedAgent:
+    """A scripted behaviour policy. `policy_for(episode)` picks the policy an episode plays with
+    (a mixture draws one per episode) and each episode keeps its own rng, so a rerun repeats."""
+
+    def __init__(self, policy_for: Callable[[random.Random], object]):
+        self.policy_for = policy_for
+        self._state: dict[int, tuple[object, random.Random]] = {}
+
+    def act(self, episodes: Sequence[Episode], step_seed: int) -> list[str]:
+        texts = []
+        for ep in episodes:
+            if id(ep) not in self._state:
+                rng = random.Random(ep.seed)
+                self._state[id(ep)] = (self.policy_for(rng), rng)
+            policy, rng = self._state[id(ep)]
+            ep.policy_id = f"scripted:{policy.name}"
+            action = policy.act(ep.view(), rng)
+            texts.append(render_action(action.reason, action.question))
+        return texts
+
+
+def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rollout") -> list[Episode]:
+    """Step every live episode together until all are done; a progress bar counts finished ones."""
+    live = [e for e in episodes if not e.done]
+    step = 0
+    with Progress(
+        TextColumn(f"[bold]{label}[/]"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("turn {task.fields[turn]}"),
+        TimeElapsedColumn(),
+        transient=False,
+    ) as progress:
+        bar = progress.add_task(label, total=len(episodes), completed=len(episodes) - len(live), turn=0)
+        while live:
+            texts = agent.act(live, derive_seed(run_seed, label, step))
+            for ep, text in zip(live, texts, strict=True):
+                ep.apply(text)
+            live = [e for e in live if not e.done]
+            step += 1
+            progress.update(bar, completed=len(episodes) - len(live), turn=step)
+    return episodes
+
+
+def summarize(episodes: Sequence[Episode]) -> dict:
+    n = len(episodes)
+    if n == 0:
+        return {"episodes": 0}
+    return {
+        "episodes": n,
+        "success_rate": sum(e.game.success for e in episodes) / n,
+        "mean_return": sum(sum(t["reward"] for t in e.turns) for e in episodes) / n,
+        "mean_turns": sum(len(e.turns) for e in episodes) / n,
+        "parse_failure_rate": sum(e.parse_failures for e in episodes) / max(1, sum(len(e.turns) for e in episodes)),
+    }

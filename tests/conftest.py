@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+# Enough to exercise every code path in seconds: 3 tasks per split, a one-layer model.
+TINY = {
+    "bootstrap": {
+        "demos_per_task": 2,
+        "limit_tasks": 3,
+        "eval_splits": ["train"],
+        "eval_sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24},
+        "tokenizer": {"vocab_size": 600},
+        "model": {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "head_dim": 64, "intermediate_size": 128, "max_length": 1024},
+        "train": {"epochs": 1, "batch_size": 8, "learning_rate": 3.0e-3, "warmup_ratio": 0.0, "weight_decay": 0.0},
+    },
+    "collect": {"m": 2, "limit_tasks": 3, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
+}
+
+
+def deep_update(d: dict, u: dict) -> dict:
+    for k, v in u.items():
+        d[k] = deep_update(d.get(k, {}), v) if isinstance(v, dict) else v
+    return d
+
+
+def tiny_params(overrides: dict | None = None) -> dict:
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    return deep_update(deep_update(raw, TINY), overrides or {})
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A fresh git + DVC repository holding this project's pipeline and a tiny params.yaml."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name in ("flows", "tasks", "storage", "envs", "models"):
+        shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("dvc.yaml", ".dvcignore"):
+        shutil.copy(ROOT / name, repo / name)
+    (repo / "params.yaml").write_text(yaml.safe_dump(tiny_params(), sort_keys=False))
+    run(["git", "init", "-q"], repo)
+    run([str(BIN / "dvc"), "init", "-q"], repo)
+    shutil.copy(ROOT / ".dvcignore", repo / ".dvcignore")
+    run(["git", "add", "-A"], repo)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], repo)
+    return repo
+
+
+def project_env(tmp: Path) -> dict:
+    env = os.environ.copy()
+    env["PATH"] = f"{BIN}{os.pathsep}{env['PATH']}"
+    env["PREFECT_HOME"] = str(tmp / ".prefect-home")
+    env.pop("PREFECT_API_URL", None)
+    env["DVC_NO_ANALYTICS"] = "1"
+    return env
+
+
+def run(cmd: list[str], cwd: Path, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=cwd, env=project_env(cwd.parent), text=True, capture_output=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
+    return result
