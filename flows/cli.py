@@ -112,9 +112,10 @@ def inspect(
         )
         rel = con.sql(q)
         _print_rows(rel.columns, rel.fetchall(), title=f"{t.stage}.{t.table}: reward and success")
-    schema_rel = con.sql(f'DESCRIBE "{tables[0].stage}"."{tables[0].table}"')
-    console.print("Columns of the trajectory tables:")
-    _print_rows(["column", "type"], [(r[0], r[1]) for r in schema_rel.fetchall()], title=None)
+    traj = next((t for t in tables if t.schema_name == "trajectories"), None)
+    if traj is not None:
+        described = con.sql(f'DESCRIBE "{traj.stage}"."{traj.table}"').fetchall()
+        _print_rows(["column", "type"], [(r[0], r[1]) for r in described], title="Trajectory schema")
 
 
 def _print_rows(columns: list[str], rows: list[tuple], title: str | None) -> None:
@@ -153,6 +154,9 @@ def import_cmd(
 
 
 def main() -> None:
+    # No telemetry from the ephemeral server: this machine may have no route out, and no run
+    # should depend on one.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     app()
 
 

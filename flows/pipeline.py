@@ -20,8 +20,8 @@ from prefect.context import get_run_context
 PARENT_TASK_ENV = "RETROSIGHT_PARENT_TASK_RUN_ID"
 
 
-def dvc(*args: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
-    env = os.environ.copy()
+def dvc(*args: str, check: bool = True, capture: bool = False, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, **(env_extra or {})}
     # Stage commands call `retrosight`, which lives beside this interpreter.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     return subprocess.run(
@@ -47,22 +47,26 @@ def downstream(stage: str) -> list[str]:
     return [s for s in names if f"'{s}'" in out]
 
 
+def is_stale(stage: str) -> bool:
+    out = dvc("status", "--json", stage, capture=True).stdout
+    return stage in json.loads(out or "{}")
+
+
 @task(cache_policy=NO_CACHE, task_run_name="repro-{stage}")
 def repro(stage: str, force: bool = False) -> str:
-    ctx = get_run_context()
-    env_extra = {PARENT_TASK_ENV: str(ctx.task_run.id)}
+    if not force and not is_stale(stage):
+        return "skipped"
     with get_client(sync_client=True) as client:
-        # Child processes join this run's API (the ephemeral server or a real one) instead of
-        # starting their own.
-        env_extra["PREFECT_API_URL"] = str(client.api_url).rstrip("/")
-    os.environ.update(env_extra)
+        api_url = str(client.api_url).rstrip("/")
+    # The stage process joins this run's API (the ephemeral server or a real one) instead of
+    # starting its own, and files its flow run under this task. Its output, progress bars
+    # included, goes straight to the terminal.
+    env_extra = {"PREFECT_API_URL": api_url, PARENT_TASK_ENV: str(get_run_context().task_run.id)}
     args = ["repro", "--single-item", *(["--force"] if force else []), stage]
-    result = dvc(*args, capture=True, check=False)
-    sys.stdout.write(result.stdout)
-    sys.stderr.write(result.stderr)
+    result = dvc(*args, check=False, env_extra=env_extra)
     if result.returncode != 0:
         raise RuntimeError(f"stage '{stage}' failed (dvc repro exit {result.returncode})")
-    return "skipped" if "didn't change, skipping" in result.stdout else "ran"
+    return "ran"
 
 
 @flow(name="retrosight-pipeline")

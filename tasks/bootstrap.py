@@ -83,6 +83,7 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     kb = load_kb()
 
     demos = demonstrations(params)
+    demo_seconds = time.time() - t0
     rows = [e.to_row() for e in demos]
     write_table(to_table(sorted(rows, key=lambda r: r["trajectory_id"]), "trajectories"), out_dir / "demos.parquet", "trajectories")
 
@@ -105,6 +106,9 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
 
+    t_eval = time.time()
+    model_success = evaluate_model(params, model_dir, b.eval_splits)
+    eval_seconds = time.time() - t_eval
     metrics = {
         "demonstrations": {
             "episodes": len(demos),
@@ -112,12 +116,14 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
             "tokens": sum(len(x["input_ids"]) for x in tokenized.examples),
             "supervised_tokens": sum(sum(1 for t in x["labels"] if t >= 0) for x in tokenized.examples),
             "truncated": tokenized.truncated,
+            "seconds": round(demo_seconds, 1),
         },
         "model": {
             "parameters": sum(p.numel() for p in model.parameters()),
             "final_loss": curve[-1]["loss"] if curve else None,
             "train_seconds": round(train_seconds, 1),
-            "success": evaluate_model(params, model_dir, b.eval_splits),
+            "success": model_success,
+            "eval_seconds": round(eval_seconds, 1),
         },
         "scripted": scripted_baselines(params, b.eval_splits),
         "seconds": round(time.time() - t0, 1),

@@ -59,6 +59,7 @@ class TrainParams(Strict):
     learning_rate: float = Field(gt=0)
     warmup_ratio: float = Field(ge=0, lt=1)
     weight_decay: float = Field(ge=0)
+    bf16: bool = False  # bfloat16 autocast: about 1.7x faster on CPUs with AMX/AVX512-BF16
 
 
 class SamplingParams(Strict):

@@ -76,6 +76,7 @@ def train_sft(
     learning_rate: float,
     warmup_ratio: float,
     weight_decay: float,
+    bf16: bool,
     seed: int,
 ) -> list[dict]:
     """Train in place with the HF Trainer; returns the logged loss curve."""
@@ -94,7 +95,8 @@ def train_sft(
             report_to="none",
             seed=seed,
             data_seed=seed,
-            use_cpu=True,
+            use_cpu=not torch.cuda.is_available(),
+            bf16=bf16,
             train_sampling_strategy="group_by_length",  # batches of similar length: less padding
         )
         trainer = Trainer(

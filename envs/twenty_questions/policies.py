@@ -1,0 +1,245 @@
+"""Scripted behaviour policies that produce TwentyQuestions demonstrations.
+
+They know the world (the knowledge base) and the candidate list, never the secret: whatever they
+know about it they infer from the answers so far. Every policy writes the same kind of reason, a
+compact scratchpad of the facts established in history order ("Known: animal, not soft."), so
+the policies differ only in the choices they make.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from .format import Action
+from .game import Game, Step
+from .kb import Entity, KnowledgeBase, Question, load_kb
+
+__all__ = [
+    "Action",
+    "ExpertPolicy",
+    "MixturePolicy",
+    "NoisyPolicy",
+    "PlayerView",
+    "Policy",
+    "RandomPolicy",
+    "make_behaviour_policy",
+    "play",
+]
+
+
+@dataclass(frozen=True)
+class PlayerView:
+    """What a player sees before acting."""
+
+    candidates: list[Entity]  # the split's objects
+    history: list[tuple[str, str]]  # (question, answer text)
+    turn: int  # 0-based index of the action about to be taken
+    max_turns: int
+
+    @property
+    def is_final_turn(self) -> bool:
+        return self.turn == self.max_turns - 1
+
+
+class Policy(Protocol):
+    name: str
+
+    def act(self, view: PlayerView, rng: random.Random) -> Action: ...
+
+
+def _established(kb: KnowledgeBase, history: list[tuple[str, str]]) -> list[tuple[Question | Entity, bool]]:
+    """What the answers settled, in order: (question, its truth) or (wrongly guessed object, False).
+    Mirrors the oracle: guesses first, then the question set; "unknown" settles nothing."""
+    facts: list[tuple[Question | Entity, bool]] = []
+    for text, answer in history:
+        guess = kb.resolve_guess(text)
+        if guess is not None:
+            if answer == "no":
+                facts.append((guess, False))
+        elif (q := kb.match_question(text)) is not None and answer in ("yes", "no"):
+            facts.append((q, answer == "yes"))
+    return facts
+
+
+def scratchpad(kb: KnowledgeBase, history: list[tuple[str, str]]) -> str:
+    """The settled facts as a reason prefix, e.g. "Known: animal, not soft, not Cat."."""
+    words: list[str] = []
+    for subject, value in _established(kb, history):
+        if isinstance(subject, Entity):
+            word = f"not {subject.name}"
+        else:
+            word = subject.label if value else subject.no_label
+        if word not in words:  # a repeated question settles nothing new
+            words.append(word)
+    return f"Known: {', '.join(words) or 'nothing yet'}."
+
+
+def consistent(kb: KnowledgeBase, view: PlayerView) -> list[Entity]:
+    """The candidates every answer so far agrees with."""
+    left = view.candidates
+    for subject, value in _established(kb, view.history):
+        if isinstance(subject, Entity):
+            left = [e for e in left if e != subject]
+        else:
+            left = [e for e in left if kb.truth(e, subject) == value]
+    if not left:
+        raise ValueError("no candidate agrees with the answers so far (is the secret in the candidate list?)")
+    return left
+
+
+def _asked(kb: KnowledgeBase, history: list[tuple[str, str]]) -> list[Question]:
+    return [q for q in (kb.match_question(text) for text, _ in history) if q is not None]
+
+
+def _ask(known: str, q: Question) -> Action:
+    return Action(known, q.text)
+
+
+def _guess(known: str, name: str, why: str) -> Action:
+    return Action(f"{known} {why}", f"Is it {name}?")
+
+
+class ExpertPolicy:
+    """Tracks the consistent candidates and asks the category or attribute question with maximal
+    information gain; guesses when one candidate is left, when no question splits the rest, or on
+    the final turn.
+
+    Ties between equally good questions go to the first in the question set, so the expert is one
+    fixed decision tree a small model can learn; `random_ties=True` breaks them with the rng for
+    more varied demonstrations."""
+
+    name = "expert"
+
+    def __init__(self, kb: KnowledgeBase | None = None, random_ties: bool = False):
+        self.kb = kb or load_kb()
+        self.random_ties = random_ties
+
+    def act(self, view: PlayerView, rng: random.Random) -> Action:
+        known = scratchpad(self.kb, view.history)
+        left = consistent(self.kb, view)
+        if len(left) == 1:
+            return _guess(known, left[0].name, f"Only {left[0].name} fits.")
+        best = self.best_questions(left, view.history)
+        if view.is_final_turn or not best:
+            name = rng.choice(left).name
+            return _guess(known, name, f"Last turn, guess {name}." if view.is_final_turn else f"Guess {name}.")
+        return _ask(known, rng.choice(best) if self.random_ties else best[0])
+
+    def best_questions(self, left: list[Entity], history: list[tuple[str, str]]) -> list[Question]:
+        """The unasked questions that split `left` most evenly (empty if none splits it).
+
+        The entropy of a yes/no split is a function of the smaller side alone, so comparing that
+        integer finds exactly the questions tied for maximal information gain."""
+        asked = {q.key for q in _asked(self.kb, history)}
+        scores: dict[Question, int] = {}
+        for q in self.kb.questions:
+            if q.key not in asked:
+                yes = sum(self.kb.truth(e, q) for e in left)
+                scores[q] = min(yes, len(left) - yes)
+        top = max(scores.values(), default=0)
+        return [q for q, s in scores.items() if s == top] if top > 0 else []
+
+
+class NoisyPolicy:
+    """The expert, except that before the final turn it asks a random question from the question
+    set with probability p_random, repeats an earlier question with p_repeat, or guesses a random
+    consistent candidate early with p_early_guess."""
+
+    name = "noisy"
+
+    def __init__(self, p_random: float, p_repeat: float, p_early_guess: float, kb: KnowledgeBase | None = None):
+        probs = (p_random, p_repeat, p_early_guess)
+        if any(not 0 <= p <= 1 for p in probs) or sum(probs) > 1:
+            raise ValueError(f"noise probabilities must lie in [0, 1] and sum to at most 1, got {probs}")
+        self.p_random, self.p_repeat, self.p_early_guess = probs
+        self.expert = ExpertPolicy(kb)
+        self.kb = self.expert.kb
+
+    def act(self, view: PlayerView, rng: random.Random) -> Action:
+        if view.is_final_turn:
+            return self.expert.act(view, rng)
+        known = scratchpad(self.kb, view.history)
+        u = rng.random()
+        if u < self.p_random:
+            return _ask(known, rng.choice(self.kb.questions))
+        u -= self.p_random
+        asked = _asked(self.kb, view.history)
+        if u < self.p_repeat and asked:
+            return _ask(known, rng.choice(asked))
+        u -= self.p_repeat
+        if u < self.p_early_guess:
+            name = rng.choice(consistent(self.kb, view)).name
+            return _guess(known, name, f"Guess {name}.")
+        return self.expert.act(view, rng)
+
+
+class RandomPolicy:
+    """Asks random unasked questions and guesses a random candidate on the final turn."""
+
+    name = "random"
+
+    def __init__(self, kb: KnowledgeBase | None = None):
+        self.kb = kb or load_kb()
+
+    def act(self, view: PlayerView, rng: random.Random) -> Action:
+        known = scratchpad(self.kb, view.history)
+        asked = {q.key for q in _asked(self.kb, view.history)}
+        unasked = [q for q in self.kb.questions if q.key not in asked]
+        if view.is_final_turn or not unasked:
+            name = rng.choice(view.candidates).name
+            return _guess(known, name, f"Last turn, guess {name}." if view.is_final_turn else f"Guess {name}.")
+        return _ask(known, rng.choice(unasked))
+
+
+class MixturePolicy:
+    """Draws one behaviour policy per episode, with probability proportional to its weight.
+
+    Contract: call `for_episode(rng)` once when an episode starts and let the returned policy play
+    that whole episode. The draw takes one value from `rng`, so the choice is reproducible from
+    the episode's seed; the member policies keep no state between episodes and can be shared.
+    """
+
+    name = "mixture"
+
+    def __init__(self, weights: Mapping[str, float], policies: Mapping[str, Policy]):
+        unknown = set(weights) - set(policies)
+        if unknown:
+            raise ValueError(f"no policy named {sorted(unknown)}; known: {sorted(policies)}")
+        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise ValueError(f"weights must be >= 0 and not all zero, got {dict(weights)}")
+        self.names = [n for n, w in weights.items() if w > 0]
+        self.weights = [weights[n] for n in self.names]
+        self.policies = dict(policies)
+
+    def for_episode(self, rng: random.Random) -> Policy:
+        return self.policies[rng.choices(self.names, weights=self.weights)[0]]
+
+
+def make_behaviour_policy(
+    mix: Mapping[str, float],
+    *,
+    p_random: float,
+    p_repeat: float,
+    p_early_guess: float,
+    kb: KnowledgeBase | None = None,
+) -> MixturePolicy:
+    """The per-episode mixture of expert / noisy / random named by `mix` (params: bootstrap.behaviour_mix)."""
+    kb = kb or load_kb()
+    policies: dict[str, Policy] = {
+        "expert": ExpertPolicy(kb),
+        "noisy": NoisyPolicy(p_random, p_repeat, p_early_guess, kb),
+        "random": RandomPolicy(kb),
+    }
+    return MixturePolicy(mix, policies)
+
+
+def play(policy: Policy, game: Game, candidates: list[Entity], rng: random.Random) -> list[tuple[Action, Step]]:
+    """Run one episode to the end; for a MixturePolicy pass `mixture.for_episode(rng)`."""
+    steps = []
+    while not game.done:
+        view = PlayerView(candidates, list(game.history), game.turn, game.max_turns)
+        action = policy.act(view, rng)
+        steps.append((action, game.step(action.question)))
+    return steps

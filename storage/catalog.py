@@ -1,0 +1,68 @@
+"""A DuckDB catalog over the stage tables: `data/<stage>/<table>.parquet` is view `<stage>.<table>`.
+
+Views read their file at query time, so a file another process has since replaced (atomically,
+see storage.parquet) is simply read in its new version.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from storage.parquet import META_NAME, META_VERSION
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    stage: str
+    table: str
+    path: Path
+    rows: int
+    schema_name: str | None  # None for a Parquet file not written by storage.parquet
+    schema_version: int | None
+
+
+def list_tables(data_dir: Path) -> list[TableInfo]:
+    """Every `<stage>/<table>.parquet` under data_dir, with facts read from its footer only."""
+    infos = []
+    for path in sorted(Path(data_dir).glob("*/*.parquet")):
+        if path.name.startswith(".") or path.parent.name.startswith(".") or not path.is_file():
+            continue
+        try:
+            footer = pq.read_metadata(path)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ValueError(f"{path}: not a readable Parquet file: {e}") from None
+        meta = footer.metadata or {}
+        version = meta.get(META_VERSION)
+        infos.append(
+            TableInfo(
+                stage=path.parent.name,
+                table=path.stem,
+                path=path,
+                rows=footer.num_rows,
+                schema_name=meta[META_NAME].decode() if META_NAME in meta else None,
+                schema_version=int(version) if version is not None and version.isdigit() else None,
+            )
+        )
+    return infos
+
+
+def open_catalog(data_dir: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with one schema per stage and one view per table."""
+    con = duckdb.connect(":memory:")
+    for info in list_tables(data_dir):
+        stage, table = quote_ident(info.stage), quote_ident(info.table)
+        con.execute(f"CREATE SCHEMA IF NOT EXISTS {stage}")
+        con.execute(f"CREATE VIEW {stage}.{table} AS SELECT * FROM read_parquet({quote_literal(str(info.path.resolve()))})")
+    return con
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
