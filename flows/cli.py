@@ -48,7 +48,10 @@ def run(
         console.print(f"Pipeline is up to date; nothing to run ({time.time() - t0:.1f}s).")
         return
     todo = p.downstream(stage) if stage else names
-    result = p.pipeline(todo, force=force)
+    try:
+        result = p.pipeline(todo, force=force)
+    except p.StageFailed as e:  # DVC and the stage already printed the cause above
+        _fail(str(e))
     for name, outcome in result.items():
         console.print(f"  {name}: {outcome}")
     console.print(f"Done in {time.time() - t0:.1f}s.")
@@ -104,10 +107,10 @@ def inspect(
             continue
         view = f'"{t.stage}"."{t.table}"'
         q = (
-            "SELECT split, source, count(*) AS trajectories, count(DISTINCT task_id) AS tasks, "
-            "round(avg(success::INT), 3) AS success_rate, round(avg(\"return\"), 2) AS mean_return, "
-            "round(stddev_samp(\"return\"), 2) AS std_return, min(\"return\") AS min_return, "
-            "max(\"return\") AS max_return, round(avg(num_turns), 2) AS mean_turns "
+            "SELECT split, source, count(*) AS rows, count(DISTINCT task_id) AS tasks, "
+            "round(avg(success::INT), 3) AS success, round(avg(\"return\"), 2) AS \"return\", "
+            "round(stddev_samp(\"return\"), 2) AS std, min(\"return\") AS min, "
+            "max(\"return\") AS max, round(avg(num_turns), 2) AS turns "
             f"FROM {view} GROUP BY ALL ORDER BY ALL"
         )
         rel = con.sql(q)

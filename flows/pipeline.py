@@ -20,6 +20,10 @@ from prefect.context import get_run_context
 PARENT_TASK_ENV = "RETROSIGHT_PARENT_TASK_RUN_ID"
 
 
+class StageFailed(RuntimeError):
+    pass
+
+
 def dvc(*args: str, check: bool = True, capture: bool = False, env_extra: dict | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env_extra or {})}
     # Stage commands call `retrosight`, which lives beside this interpreter.
@@ -65,7 +69,7 @@ def repro(stage: str, force: bool = False) -> str:
     args = ["repro", "--single-item", *(["--force"] if force else []), stage]
     result = dvc(*args, check=False, env_extra=env_extra)
     if result.returncode != 0:
-        raise RuntimeError(f"stage '{stage}' failed (dvc repro exit {result.returncode})")
+        raise StageFailed(f"stage '{stage}' failed (dvc repro exit {result.returncode}); its output is above")
     return "ran"
 
 

@@ -19,13 +19,13 @@ def model_fingerprint(path: str | Path) -> str:
 
 
 class HFGenerator:
-    def __init__(self, path: str | Path, batch_size: int = 64, dtype: torch.dtype = torch.float32):
+    def __init__(self, path: str | Path, batch_size: int = 64, dtype: str = "float32"):
         self.path = Path(path)
         if not (self.path / "config.json").exists():
             raise FileNotFoundError(f"{self.path}: not a Hugging Face model directory (no config.json)")
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         self.tokenizer.padding_side = "left"
-        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=getattr(torch, dtype)).eval()
         self.batch_size = batch_size
         self.model_id = f"{self.path.name}@{model_fingerprint(self.path)}"
 

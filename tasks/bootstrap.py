@@ -39,9 +39,21 @@ def demonstrations(params: Params) -> list:
     return play(episodes, ScriptedAgent(mixture.for_episode), params.seed, "demonstrations")
 
 
+def _by_split(episodes: list) -> dict:
+    return {split: summarize([e for e in episodes if e.split == split]) for split in dict.fromkeys(e.split for e in episodes)}
+
+
+def _eval_episodes(params: Params, splits: list[str], who: str) -> list:
+    kb = load_kb()
+    return [
+        new_episode(kb, t, split, derive_seed(params.seed, "eval", who, t.name), params.env.max_turns, params.env.show_candidates)
+        for split in splits
+        for t in kb.split(split)[: params.bootstrap.limit_tasks]
+    ]
+
+
 def scripted_baselines(params: Params, splits: list[str]) -> dict:
     """Success of each scripted policy, one episode per task, on the same tasks as the model."""
-    kb = load_kb()
     n = params.bootstrap.noisy
     policies = {
         "expert": lambda rng: ExpertPolicy(),
@@ -49,29 +61,20 @@ def scripted_baselines(params: Params, splits: list[str]) -> dict:
         "random": lambda rng: RandomPolicy(),
         "mixture": make_behaviour_policy(dict(params.bootstrap.behaviour_mix), **n.model_dump()).for_episode,
     }
-    out: dict = {}
-    for name, factory in policies.items():
-        for split in splits:
-            eps = [
-                new_episode(kb, t, split, derive_seed(params.seed, "eval", name, t.name), params.env.max_turns, params.env.show_candidates)
-                for t in kb.split(split)[: params.bootstrap.limit_tasks]
-            ]
-            out.setdefault(name, {})[split] = summarize(play(eps, ScriptedAgent(factory), params.seed, f"{name}/{split}"))
-    return out
+    return {
+        name: _by_split(play(_eval_episodes(params, splits, name), ScriptedAgent(factory), params.seed, name))
+        for name, factory in policies.items()
+    }
 
 
 def evaluate_model(params: Params, model_dir: Path, splits: list[str]) -> dict:
-    kb = load_kb()
-    gen = HFGenerator(model_dir, batch_size=params.bootstrap.eval_batch_size)
+    """Success of the trained policy on every eval split, all episodes batched together."""
+    # Evaluated in the precision it was trained in.
+    dtype = "bfloat16" if params.bootstrap.train.bf16 else "float32"
+    gen = HFGenerator(model_dir, batch_size=params.bootstrap.eval_batch_size, dtype=dtype)
     agent = LMAgent(gen, SamplingParams(**params.bootstrap.eval_sampling.model_dump()))
-    out = {}
-    for split in splits:
-        eps = [
-            new_episode(kb, t, split, derive_seed(params.seed, "eval", "model", t.name), params.env.max_turns, params.env.show_candidates)
-            for t in kb.split(split)[: params.bootstrap.limit_tasks]
-        ]
-        out[split] = summarize(play(eps, agent, derive_seed(params.seed, "eval-model"), f"model/{split}"))
-    return out
+    episodes = play(_eval_episodes(params, splits, "model"), agent, derive_seed(params.seed, "eval-model"), "model")
+    return _by_split(episodes)
 
 
 def run_bootstrap(params: Params, out_dir: Path) -> dict:

@@ -22,7 +22,7 @@ def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/trajectories.parquet and out_dir/metrics.json."""
     t0 = time.time()
     c, kb = params.collect, load_kb()
-    generator = HFGenerator(model_dir, batch_size=c.batch_size)
+    generator = HFGenerator(model_dir, batch_size=c.batch_size, dtype=params.roles.policy.dtype)
     agent = LMAgent(generator, SamplingParams(**c.sampling.model_dump()))
     episodes = [
         new_episode(kb, task, split, derive_seed(params.seed, "collect", split, task.name, k), params.env.max_turns, params.env.show_candidates)

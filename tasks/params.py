@@ -23,6 +23,7 @@ class EnvParams(Strict):
 class PolicyRole(Strict):
     backend: Literal["hf"]
     model: str  # a Hugging Face model directory
+    dtype: Literal["float32", "bfloat16"] = "float32"
 
 
 class SimulatorRole(Strict):

@@ -19,7 +19,7 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
     assert set(table.column("split").to_pylist()) == {"train", "val"}
     metrics = json.loads((project / "data/bootstrap/metrics.json").read_text())
     assert {"expert", "noisy", "random", "mixture"} <= set(metrics["scripted"])
-    assert "train" in metrics["model"]["success"]
+    assert set(metrics["model"]["success"]) == {"train"}
 
     status = run([str(BIN / "dvc"), "status", "--json"], project)
     assert json.loads(status.stdout) == {}
@@ -38,6 +38,11 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
     assert "bootstrap: skipped" in third.stdout and "collect: ran" in third.stdout, third.stdout
     assert (model / "model.safetensors").stat().st_mtime_ns == before
     assert pq.read_table(project / "data/collect/trajectories.parquet").num_rows == 3 * 2 * 3
+
+    # One stage by name, forced: that stage (and what follows it) only.
+    fourth = run([str(BIN / "retrosight"), "run", "collect", "--force"], project)
+    assert "collect: ran" in fourth.stdout and "bootstrap" not in fourth.stdout.split("collect: ran")[-1]
+    assert "bootstrap:" not in fourth.stdout
 
 
 def test_bad_params_stop_the_run_with_the_key_named(project):

@@ -1,9 +1,10 @@
 """Scripted behaviour policies that produce TwentyQuestions demonstrations.
 
 They know the world (the knowledge base) and the candidate list, never the secret: whatever they
-know about it they infer from the answers so far. Every policy writes the same kind of reason, a
-compact scratchpad of the facts established in history order ("Known: animal, not soft."), so
-the policies differ only in the choices they make.
+know about it they infer from the answers so far. Every policy writes the same kind of short reason
+("Ask about size.", "Only Apple fits."), so the policies differ only in the choices they make.
+Reasons stay short on purpose: a tiny model re-reads every earlier turn at every step, and a
+growing scratchpad made contexts long and copying errors compound.
 """
 from __future__ import annotations
 
@@ -63,19 +64,6 @@ def _established(kb: KnowledgeBase, history: list[tuple[str, str]]) -> list[tupl
     return facts
 
 
-def scratchpad(kb: KnowledgeBase, history: list[tuple[str, str]]) -> str:
-    """The settled facts as a reason prefix, e.g. "Known: animal, not soft, not Cat."."""
-    words: list[str] = []
-    for subject, value in _established(kb, history):
-        if isinstance(subject, Entity):
-            word = f"not {subject.name}"
-        else:
-            word = subject.label if value else subject.no_label
-        if word not in words:  # a repeated question settles nothing new
-            words.append(word)
-    return f"Known: {', '.join(words) or 'nothing yet'}."
-
-
 def consistent(kb: KnowledgeBase, view: PlayerView) -> list[Entity]:
     """The candidates every answer so far agrees with."""
     left = view.candidates
@@ -93,12 +81,12 @@ def _asked(kb: KnowledgeBase, history: list[tuple[str, str]]) -> list[Question]:
     return [q for q in (kb.match_question(text) for text, _ in history) if q is not None]
 
 
-def _ask(known: str, q: Question) -> Action:
-    return Action(known, q.text)
+def _ask(q: Question) -> Action:
+    return Action(f"Ask about {q.label}.", q.text)
 
 
-def _guess(known: str, name: str, why: str) -> Action:
-    return Action(f"{known} {why}", f"Is it {name}?")
+def _guess(name: str, why: str) -> Action:
+    return Action(why, f"Is it {name}?")
 
 
 class ExpertPolicy:
@@ -117,15 +105,14 @@ class ExpertPolicy:
         self.random_ties = random_ties
 
     def act(self, view: PlayerView, rng: random.Random) -> Action:
-        known = scratchpad(self.kb, view.history)
         left = consistent(self.kb, view)
         if len(left) == 1:
-            return _guess(known, left[0].name, f"Only {left[0].name} fits.")
+            return _guess(left[0].name, f"Only {left[0].name} fits.")
         best = self.best_questions(left, view.history)
         if view.is_final_turn or not best:
             name = rng.choice(left).name
-            return _guess(known, name, f"Last turn, guess {name}." if view.is_final_turn else f"Guess {name}.")
-        return _ask(known, rng.choice(best) if self.random_ties else best[0])
+            return _guess(name, f"Last turn, guess {name}." if view.is_final_turn else f"Guess {name}.")
+        return _ask(rng.choice(best) if self.random_ties else best[0])
 
     def best_questions(self, left: list[Entity], history: list[tuple[str, str]]) -> list[Question]:
         """The unasked questions that split `left` most evenly (empty if none splits it).
@@ -160,18 +147,17 @@ class NoisyPolicy:
     def act(self, view: PlayerView, rng: random.Random) -> Action:
         if view.is_final_turn:
             return self.expert.act(view, rng)
-        known = scratchpad(self.kb, view.history)
         u = rng.random()
         if u < self.p_random:
-            return _ask(known, rng.choice(self.kb.questions))
+            return _ask(rng.choice(self.kb.questions))
         u -= self.p_random
         asked = _asked(self.kb, view.history)
         if u < self.p_repeat and asked:
-            return _ask(known, rng.choice(asked))
+            return _ask(rng.choice(asked))
         u -= self.p_repeat
         if u < self.p_early_guess:
             name = rng.choice(consistent(self.kb, view)).name
-            return _guess(known, name, f"Guess {name}.")
+            return _guess(name, f"Guess {name}.")
         return self.expert.act(view, rng)
 
 
@@ -184,13 +170,12 @@ class RandomPolicy:
         self.kb = kb or load_kb()
 
     def act(self, view: PlayerView, rng: random.Random) -> Action:
-        known = scratchpad(self.kb, view.history)
         asked = {q.key for q in _asked(self.kb, view.history)}
         unasked = [q for q in self.kb.questions if q.key not in asked]
         if view.is_final_turn or not unasked:
             name = rng.choice(view.candidates).name
-            return _guess(known, name, f"Last turn, guess {name}." if view.is_final_turn else f"Guess {name}.")
-        return _ask(known, rng.choice(unasked))
+            return _guess(name, f"Last turn, guess {name}." if view.is_final_turn else f"Guess {name}.")
+        return _ask(rng.choice(unasked))
 
 
 class MixturePolicy:

@@ -1,0 +1,45 @@
+"""The command line as a user types it: import a log with a bad row, then inspect."""
+import json
+
+from conftest import BIN, run
+
+GOOD = {
+    "task_id": "Apple",
+    "env": "twenty_questions",
+    "messages": [
+        {"role": "user", "content": "Turn 1 of 20. Ask a yes-no question."},
+        {"role": "assistant", "content": "REASON: Known: nothing yet.\nQUESTION: Is it Apple?"},
+        {"role": "user", "content": "Answer: yes. You found it."},
+    ],
+    "return": 0.0,
+    "success": True,
+}
+
+
+def test_import_quarantines_a_bad_row_and_inspect_shows_it(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    bad = dict(GOOD, task_id="Dog", seed="abc")
+    (work / "logs.jsonl").write_text(json.dumps(GOOD) + "\n" + json.dumps(bad) + "\n{not json\n")
+    out = run([str(BIN / "retrosight"), "import", "logs.jsonl"], work)
+    assert "3 rows read, 1 imported, 2 quarantined" in out.stdout, out.stdout
+
+    listing = run([str(BIN / "retrosight"), "inspect"], work)
+    assert "import.trajectories" in listing.stdout and "import.quarantine" in listing.stdout
+
+    q = run([str(BIN / "retrosight"), "inspect", "--sql", "SELECT row, field FROM import.quarantine ORDER BY row"], work)
+    assert "seed" in q.stdout and "json" in q.stdout.lower()
+
+
+def test_import_raise_mode_names_file_row_and_field(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "logs.jsonl").write_text(json.dumps(dict(GOOD, seed="abc")) + "\n")
+    out = run([str(BIN / "retrosight"), "import", "logs.jsonl", "--on-error", "raise"], work, check=False)
+    assert out.returncode != 0
+    assert "logs.jsonl:1: field 'seed'" in out.stdout + out.stderr
+
+
+def test_inspect_with_a_bad_query_names_the_problem(tmp_path):
+    out = run([str(BIN / "retrosight"), "inspect", "--sql", "SELECT nope FROM nowhere"], tmp_path, check=False)
+    assert out.returncode != 0 and "nowhere" in out.stdout
