@@ -153,7 +153,7 @@ def import_cmd(
         f"{counts['quarantined']} quarantined -> {out}/"
     )
     if counts["quarantined"]:
-        console.print(f"See why: retrosight inspect --sql \"SELECT row, field, reason FROM import.quarantine\"")
+        console.print("See why: retrosight inspect --sql \"SELECT row, field, reason FROM import.quarantine\"")
 
 
 def main() -> None:

@@ -10,7 +10,6 @@ import json
 import time
 from pathlib import Path
 
-import pyarrow as pa
 import torch
 from transformers import set_seed
 

@@ -11,7 +11,7 @@ from envs.twenty_questions.kb import load_kb
 from models.tiny import make_model, train_tokenizer
 from tasks.collect import run_collect
 from tasks.params import Params
-from tasks.rollout import Episode, LMAgent
+from tasks.rollout import LMAgent
 
 
 @pytest.fixture(scope="module")
