@@ -59,11 +59,14 @@ class PadCollator:
         def pad(seq: list[int], value: int) -> list[int]:
             return seq + [value] * (width - len(seq))  # right padding for training
 
-        return {
+        out = {
             "input_ids": torch.tensor([pad(b["input_ids"], self.pad_id) for b in batch]),
             "labels": torch.tensor([pad(b["labels"], IGNORE) for b in batch]),
             "attention_mask": torch.tensor([[1] * len(b["input_ids"]) + [0] * (width - len(b["input_ids"])) for b in batch]),
         }
+        if "weight" in batch[0]:  # reward-weighted training (Refit, Swift)
+            out["weight"] = torch.tensor([b["weight"] for b in batch], dtype=torch.float32)
+        return out
 
 
 def train_sft(
@@ -78,8 +81,11 @@ def train_sft(
     weight_decay: float,
     bf16: bool,
     seed: int,
+    trainer_cls: type[Trainer] = Trainer,
+    **trainer_kwargs,
 ) -> list[dict]:
-    """Train in place with the HF Trainer; returns the logged loss curve."""
+    """Train in place with the HF Trainer (or a subclass with its own loss, such as Refit's);
+    returns the logged loss curve."""
     steps = math.ceil(len(examples) / batch_size) * epochs
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(
@@ -98,12 +104,14 @@ def train_sft(
             use_cpu=not torch.cuda.is_available(),
             bf16=bf16,
             train_sampling_strategy="group_by_length",  # batches of similar length: less padding
+            remove_unused_columns=False,  # keep per-trajectory weights for reward-weighted losses
         )
-        trainer = Trainer(
+        trainer = trainer_cls(
             model=model,
             args=args,
             train_dataset=_ListDataset(examples),
             data_collator=PadCollator(tokenizer.pad_token_id),
+            **trainer_kwargs,
         )
         trainer.train()
         return [e for e in trainer.state.log_history if "loss" in e]

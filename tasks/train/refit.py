@@ -1,0 +1,55 @@
+"""Refit: reward-weighted fine-tuning on logged trajectories (and the loss Swift reuses).
+
+    loss = - E_trajectories[ w * sum_t log pi(a_t | x, tau_{t-1}) ]
+
+w is the trajectory's reward r (Refit) or its per-context standardized reward (Swift, which may
+be negative). Only the agent's tokens carry loss: labels are -100 on system, user/observation
+and padding tokens (the mask comes from tasks.train.sft.tokenize_chats). "sequences" averages
+w * sequence-NLL over trajectories, the paper's objective up to a constant; "tokens" divides
+by the number of supervised tokens instead, the scale TRL's SFT loss has.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from transformers import Trainer
+
+from tasks.train.sft import IGNORE
+
+Norm = Literal["sequences", "tokens"]
+
+
+def weighted_action_nll(
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, norm: Norm = "sequences"
+) -> torch.Tensor:
+    """logits [B, T, V]; labels [B, T] (IGNORE off the agent's tokens); weights [B]."""
+    b, t, v = logits.shape
+    targets = labels[:, 1:]
+    token_nll = F.cross_entropy(
+        logits[:, :-1].float().reshape(-1, v), targets.reshape(-1), ignore_index=IGNORE, reduction="none"
+    ).view(b, t - 1)
+    mask = (targets != IGNORE).float()
+    seq_nll = (token_nll * mask).sum(dim=1)  # -sum_t log pi(a_t | ...)
+    weighted = weights.to(seq_nll.dtype) * seq_nll
+    if norm == "sequences":
+        return weighted.mean()
+    if norm == "tokens":
+        return weighted.sum() / mask.sum().clamp_min(1.0)
+    raise ValueError(f"norm must be 'sequences' or 'tokens', not {norm!r}")
+
+
+class RewardWeightedTrainer(Trainer):
+    """The HF Trainer with the loss above; batches carry a `weight` per trajectory."""
+
+    def __init__(self, *args, norm: Norm = "sequences", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.norm = norm
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        weights = inputs.pop("weight")
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        loss = weighted_action_nll(outputs.logits, labels, weights, self.norm)
+        return (loss, outputs) if return_outputs else loss
