@@ -18,8 +18,9 @@ console = Console()
 def _stage_flows() -> dict:
     from flows.bootstrap import bootstrap_flow
     from flows.collect import collect_flow
+    from flows.summarize import summarize_flow
 
-    return {"bootstrap": bootstrap_flow, "collect": collect_flow}
+    return {"bootstrap": bootstrap_flow, "collect": collect_flow, "summarize": summarize_flow}
 
 
 def _fail(msg: str) -> None:

@@ -73,7 +73,22 @@ QUARANTINE = TableSchema(
     ),
 )
 
-SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (TRAJECTORIES, QUARANTINE)}
+SUMMARIES = TableSchema(
+    "summaries",
+    1,
+    pa.schema(
+        [
+            _f("trajectory_id", pa.string()),  # the summarized trajectory
+            _f("task_id", pa.string()),
+            _f("summary", pa.string()),
+            _f("role", pa.string()),  # summarizer
+            _f("backend", pa.string()),  # oracle | hf | vllm | openai
+            _f("prompt_hash", pa.string()),  # of the prompt template or summarizer version
+        ]
+    ),
+)
+
+SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES)}
 
 # What makes a trajectory itself; outcome columns (turns, return, success) are derived from it.
 ID_FIELDS = (

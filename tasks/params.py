@@ -30,9 +30,14 @@ class SimulatorRole(Strict):
     backend: Literal["oracle"]  # the knowledge-base oracle, which sees the secret
 
 
+class SummarizerRole(Strict):
+    backend: Literal["oracle"]  # the environment's summarizer, which sees the secret
+
+
 class Roles(Strict):
     policy: PolicyRole
     simulator: SimulatorRole
+    summarizer: SummarizerRole
 
 
 class NoisyParams(Strict):

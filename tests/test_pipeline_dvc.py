@@ -10,7 +10,8 @@ from conftest import BIN, run, tiny_params
 
 def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
     first = run([str(BIN / "retrosight"), "run"], project)
-    assert "bootstrap: ran" in first.stdout and "collect: ran" in first.stdout, first.stdout
+    for stage in ("bootstrap", "collect", "summarize"):
+        assert f"{stage}: ran" in first.stdout, first.stdout
 
     model = project / "data/bootstrap/model"
     assert (model / "config.json").exists() and (model / "model.safetensors").exists()
@@ -24,7 +25,8 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
     status = run([str(BIN / "dvc"), "status", "--json"], project)
     assert json.loads(status.stdout) == {}
     lock = yaml.safe_load((project / "dvc.lock").read_text())
-    assert set(lock["stages"]) == {"bootstrap", "collect"}
+    assert set(lock["stages"]) == {"bootstrap", "collect", "summarize"}
+    assert pq.read_table(project / "data/summarize/summaries.parquet").num_rows == table.num_rows
 
     t0 = time.time()
     again = run([str(BIN / "retrosight"), "run"], project)
@@ -41,7 +43,7 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
 
     # One stage by name, forced: that stage (and what follows it) only.
     fourth = run([str(BIN / "retrosight"), "run", "collect", "--force"], project)
-    assert "collect: ran" in fourth.stdout and "bootstrap" not in fourth.stdout.split("collect: ran")[-1]
+    assert "collect: ran" in fourth.stdout and "summarize: ran" in fourth.stdout
     assert "bootstrap:" not in fourth.stdout
 
 
