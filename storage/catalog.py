@@ -51,12 +51,20 @@ def list_tables(data_dir: Path) -> list[TableInfo]:
 
 
 def open_catalog(data_dir: Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with one schema per stage and one view per table."""
+    """An in-memory DuckDB connection with one schema per stage and one view per table.
+
+    A table name that only one stage writes is also a plain view (`summaries`), which spares
+    quoting stage names that are SQL keywords (`"summarize".summaries`).
+    """
     con = duckdb.connect(":memory:")
-    for info in list_tables(data_dir):
+    infos = list_tables(data_dir)
+    names = [info.table for info in infos]
+    for info in infos:
         stage, table = quote_ident(info.stage), quote_ident(info.table)
         con.execute(f"CREATE SCHEMA IF NOT EXISTS {stage}")
         con.execute(f"CREATE VIEW {stage}.{table} AS SELECT * FROM read_parquet({quote_literal(str(info.path.resolve()))})")
+        if names.count(info.table) == 1:
+            con.execute(f"CREATE VIEW main.{table} AS SELECT * FROM {stage}.{table}")
     return con
 
 

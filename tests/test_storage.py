@@ -4,6 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -202,10 +203,21 @@ def test_catalog_exposes_each_stage_table_as_a_view(tmp_path):
     assert con.sql("SELECT count(*) FROM collect.trajectories").fetchall() == [(3,)]
     assert con.sql("SELECT row, field FROM import.quarantine ORDER BY row").fetchall() == [(3, "seed"), (9, "json")]
     assert con.sql('SELECT count(*) FROM "we""ird"."my table"').fetchall() == [(1,)]
+    # A table name only one stage writes is also a plain view.
+    assert con.sql("SELECT count(*) FROM quarantine").fetchall() == [(2,)]
 
     # A view reads its file at query time, so an atomic replacement shows up.
     write_table(to_table([traj()], "trajectories"), tmp_path / "collect/trajectories.parquet", "trajectories")
     assert con.sql("SELECT count(*) FROM collect.trajectories").fetchall() == [(1,)]
+
+
+def test_a_table_name_two_stages_write_gets_no_plain_view(tmp_path):
+    for stage in ("collect", "regenerate"):
+        write_table(to_table([traj()], "trajectories"), tmp_path / stage / "trajectories.parquet", "trajectories")
+    con = open_catalog(tmp_path)
+    assert con.sql("SELECT count(*) FROM regenerate.trajectories").fetchall() == [(1,)]
+    with pytest.raises(duckdb.CatalogException):
+        con.sql("SELECT count(*) FROM trajectories")
 
 
 def test_trajectory_id_is_stable_and_content_sensitive():
