@@ -22,7 +22,7 @@ from models.tiny import make_model, train_tokenizer
 from storage.parquet import write_table
 from storage.schema import to_table
 from tasks.params import Params
-from tasks.rollout import LMAgent, ScriptedAgent, derive_seed, new_episode, play, summarize
+from tasks.rollout import LMAgent, ScriptedAgent, derive_seed, episode_stats, new_episode, play, stats_by_split
 from tasks.train.sft import tokenize_chats, train_sft
 
 
@@ -36,10 +36,6 @@ def demonstrations(params: Params) -> list:
     ]
     mixture = make_behaviour_policy(dict(b.behaviour_mix), **b.noisy.model_dump())
     return play(episodes, ScriptedAgent(mixture.for_episode), params.seed, "demonstrations")
-
-
-def _by_split(episodes: list) -> dict:
-    return {split: summarize([e for e in episodes if e.split == split]) for split in dict.fromkeys(e.split for e in episodes)}
 
 
 def _eval_episodes(params: Params, splits: list[str], who: str) -> list:
@@ -61,7 +57,7 @@ def scripted_baselines(params: Params, splits: list[str]) -> dict:
         "mixture": make_behaviour_policy(dict(params.bootstrap.behaviour_mix), **n.model_dump()).for_episode,
     }
     return {
-        name: _by_split(play(_eval_episodes(params, splits, name), ScriptedAgent(factory), params.seed, name))
+        name: stats_by_split(play(_eval_episodes(params, splits, name), ScriptedAgent(factory), params.seed, name))
         for name, factory in policies.items()
     }
 
@@ -73,7 +69,7 @@ def evaluate_model(params: Params, model_dir: Path, splits: list[str]) -> dict:
     gen = HFGenerator(model_dir, batch_size=params.bootstrap.eval_batch_size, dtype=dtype)
     agent = LMAgent(gen, SamplingParams(**params.bootstrap.eval_sampling.model_dump()))
     episodes = play(_eval_episodes(params, splits, "model"), agent, derive_seed(params.seed, "eval-model"), "model")
-    return _by_split(episodes)
+    return stats_by_split(episodes)
 
 
 def run_bootstrap(params: Params, out_dir: Path) -> dict:
@@ -114,7 +110,7 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     metrics = {
         "demonstrations": {
             "episodes": len(demos),
-            **summarize(demos),
+            **episode_stats(demos),
             "tokens": sum(len(x["input_ids"]) for x in tokenized.examples),
             "supervised_tokens": sum(sum(1 for t in x["labels"] if t >= 0) for x in tokenized.examples),
             "truncated": tokenized.truncated,

@@ -15,7 +15,7 @@ from models.hf import HFGenerator
 from storage.parquet import write_table
 from storage.schema import to_table
 from tasks.params import Params
-from tasks.rollout import LMAgent, derive_seed, new_episode, play, summarize
+from tasks.rollout import LMAgent, derive_seed, new_episode, play, stats_by_split
 
 
 def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
@@ -37,7 +37,7 @@ def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
         "policy_id": generator.model_id,
         "trajectories": len(rows),
         "tasks": len({(r["split"], r["task_id"]) for r in rows}),
-        **{split: summarize([e for e in episodes if e.split == split]) for split in c.splits},
+        **stats_by_split(episodes),
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")

@@ -185,7 +185,7 @@ def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rol
     return episodes
 
 
-def summarize(episodes: Sequence[Episode]) -> dict:
+def episode_stats(episodes: Sequence[Episode]) -> dict:
     n = len(episodes)
     if n == 0:
         return {"episodes": 0}
@@ -196,3 +196,9 @@ def summarize(episodes: Sequence[Episode]) -> dict:
         "mean_turns": sum(len(e.turns) for e in episodes) / n,
         "parse_failure_rate": sum(e.parse_failures for e in episodes) / max(1, sum(len(e.turns) for e in episodes)),
     }
+
+
+def stats_by_split(episodes: Sequence[Episode]) -> dict[str, dict]:
+    """episode_stats per split, splits in order of first appearance."""
+    splits = dict.fromkeys(e.split for e in episodes)
+    return {split: episode_stats([e for e in episodes if e.split == split]) for split in splits}
