@@ -18,9 +18,25 @@ console = Console()
 def _stage_flows() -> dict:
     from flows.bootstrap import bootstrap_flow
     from flows.collect import collect_flow
+    from flows.evaluate import evaluate_flow
+    from flows.label import label_flow
+    from flows.regenerate import regenerate_flow
+    from flows.relabel import relabel_flow
+    from flows.standardize import standardize_flow
     from flows.summarize import summarize_flow
+    from flows.train import train_flow
 
-    return {"bootstrap": bootstrap_flow, "collect": collect_flow, "summarize": summarize_flow}
+    return {
+        "bootstrap": bootstrap_flow,
+        "collect": collect_flow,
+        "summarize": summarize_flow,
+        "relabel": relabel_flow,
+        "regenerate": regenerate_flow,
+        "label": label_flow,
+        "standardize": standardize_flow,
+        "train": train_flow,
+        "evaluate": evaluate_flow,
+    }
 
 
 def _fail(msg: str) -> None:
@@ -56,6 +72,36 @@ def run(
     for name, outcome in result.items():
         console.print(f"  {name}: {outcome}")
     console.print(f"Done in {time.time() - t0:.1f}s.")
+    if "evaluate" in result:
+        results()
+
+
+@app.command()
+def results(
+    metrics: Annotated[Path, typer.Option(help="The evaluate stage's metrics file.")] = Path("data/evaluate/metrics.json"),
+) -> None:
+    """The evaluation table: held-out success, return and turns per policy, with standard errors."""
+    import json
+
+    if not metrics.exists():
+        _fail(f"{metrics}: no evaluation yet; run `retrosight run` first")
+    m = json.loads(metrics.read_text())
+    s = m["sampling"]
+    table = Table(title=f"Held-out evaluation ({m['episodes_per_task']} episodes per task, T={s['temperature']})")
+    table.add_column("policy")
+    for split in [*m["splits"], "heldout"]:
+        table.add_column(f"{split} success", justify="right")
+    table.add_column("heldout return", justify="right")
+    table.add_column("heldout turns", justify="right")
+    for name, r in m["policies"].items():
+        h = r["heldout"]
+        table.add_row(
+            name,
+            *(f"{r[split]['success_rate']:.3f} ± {r[split]['success_se']:.3f}" for split in [*m["splits"], "heldout"]),
+            f"{h['mean_return']:.2f} ± {h['return_se']:.2f}",
+            f"{h['mean_turns']:.1f} ± {h['turns_se']:.1f}",
+        )
+    console.print(table)
 
 
 @app.command("stage", hidden=True)

@@ -7,6 +7,8 @@ from pathlib import Path
 from prefect.artifacts import create_markdown_artifact
 
 DATA = Path("data")
+# Every trajectory the later stages work on: the logged ones and their hindsight regenerations.
+TRAJECTORIES = [DATA / "collect" / "trajectories.parquet", DATA / "regenerate" / "trajectories.parquet"]
 
 
 def publish(stage: str, metrics: dict) -> None:

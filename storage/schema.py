@@ -88,7 +88,92 @@ SUMMARIES = TableSchema(
     ),
 )
 
-SCHEMAS: dict[str, TableSchema] = {s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES)}
+RELABELS = TableSchema(
+    "relabels",
+    1,
+    pa.schema(
+        [
+            _f("relabel_id", pa.string()),  # content hash of (trajectory, turn, counterfactual)
+            _f("trajectory_id", pa.string()),  # the trajectory relabelled
+            _f("task_id", pa.string()),
+            _f("split", pa.string()),
+            _f("mode", pa.string()),  # hope (window, n per timestep) | hr (one per dialogue)
+            _f("branch_turn", pa.int32()),  # 0-based index of the replaced agent action
+            _f("rank", pa.int32()),  # 0 = the proposer's first choice at this turn
+            _f("original_text", pa.string()),  # the agent message that was replaced
+            _f("original_action", pa.string()),
+            _f("counterfactual_text", pa.string()),  # the agent message spliced in (policy format)
+            _f("counterfactual_action", pa.string()),
+            _f("player_reason", pa.string()),  # inside the action: uses only what the player saw
+            _f("rationale", pa.string()),  # the proposer's hindsight reasoning; may use the secret
+            _f("proposer", pa.string()),  # backend that proposed it
+            _f("prompt_hash", pa.string()),
+        ]
+    ),
+)
+
+LABELS = TableSchema(
+    "labels",
+    1,
+    pa.schema(
+        [
+            _f("trajectory_id", pa.string()),
+            _f("task_id", pa.string()),
+            _f("source", pa.string()),  # policy | import | regeneration
+            _f("env_reward", pa.float64(), nullable=True),  # the return logged with the trajectory
+            _f("env_success", pa.bool_(), nullable=True),
+            _f("reward", pa.float64(), nullable=True),  # the labelled reward; null when labelling failed
+            _f("labeler", pa.string()),  # oracle | hf | vllm | openai
+            _f("status", pa.string()),  # ok | failed
+            _f("reason", pa.string()),
+        ]
+    ),
+)
+
+TRAINING = TableSchema(
+    "training",
+    1,
+    pa.schema(
+        [
+            _f("trajectory_id", pa.string()),
+            _f("task_id", pa.string()),
+            _f("split", pa.string()),
+            _f("source", pa.string()),
+            _f("parent_id", pa.string(), nullable=True),
+            _f("relabel_id", pa.string(), nullable=True),
+            _f("messages", pa.list_(_f("item", MESSAGE))),
+            _f("reward", pa.float64(), nullable=True),  # labelled reward
+            _f("standardized_reward", pa.float64(), nullable=True),  # Swift's weight
+            _f("weight", pa.float64(), nullable=True),  # Refit's weight: reward scaled to [0, 1]
+            _f("group_size", pa.int64()),
+            _f("group_mean", pa.float64(), nullable=True),
+            _f("group_std", pa.float64(), nullable=True),
+            _f("standardize_status", pa.string()),  # ok | tied | singleton | no_reward
+        ]
+    ),
+)
+
+# The training table as Hugging Face tools take it: `messages` in the chat format (TRL's
+# conversational format) and one weight column per algorithm.
+EXPORT = TableSchema(
+    "export",
+    1,
+    pa.schema(
+        [
+            _f("messages", pa.list_(_f("item", MESSAGE))),
+            _f("reward", pa.float64(), nullable=True),
+            _f("standardized_reward", pa.float64(), nullable=True),
+            _f("weight", pa.float64(), nullable=True),
+            _f("trajectory_id", pa.string()),
+            _f("task_id", pa.string()),
+            _f("source", pa.string()),
+        ]
+    ),
+)
+
+SCHEMAS: dict[str, TableSchema] = {
+    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT)
+}
 
 # What makes a trajectory itself; outcome columns (turns, return, success) are derived from it.
 ID_FIELDS = (

@@ -30,8 +30,9 @@ def demonstrations(params: Params) -> list:
     kb = load_kb()
     b = params.bootstrap
     episodes = [
-        new_episode(kb, task, "train", derive_seed(params.seed, "demo", task.name, k), params.env.max_turns, params.env.show_candidates)
-        for task in kb.split("train")[: b.limit_tasks]
+        new_episode(kb, task, split, derive_seed(params.seed, "demo", task.name, k), params.env.max_turns, params.env.show_candidates)
+        for split in b.demo_splits
+        for task in kb.split(split)[: b.limit_tasks]
         for k in range(b.demos_per_task)
     ]
     mixture = make_behaviour_policy(dict(b.behaviour_mix), **b.noisy.model_dump())

@@ -34,10 +34,20 @@ class SummarizerRole(Strict):
     backend: Literal["oracle"]  # the environment's summarizer, which sees the secret
 
 
+class ProposerRole(Strict):
+    backend: Literal["oracle"]  # the environment's hindsight proposer, which sees the secret
+
+
+class LabelerRole(Strict):
+    backend: Literal["oracle"]  # the environment's return, recomputed by replaying the actions
+
+
 class Roles(Strict):
     policy: PolicyRole
     simulator: SimulatorRole
     summarizer: SummarizerRole
+    proposer: ProposerRole
+    labeler: LabelerRole
 
 
 class NoisyParams(Strict):
@@ -75,6 +85,7 @@ class SamplingParams(Strict):
 
 
 class BootstrapParams(Strict):
+    demo_splits: list[Split] = Field(min_length=1)
     demos_per_task: int = Field(ge=1)
     behaviour_mix: dict[Literal["expert", "noisy", "random"], float]
     noisy: NoisyParams
@@ -101,12 +112,82 @@ class CollectParams(Strict):
     limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split: quick smoke runs
 
 
+class RelabelParams(Strict):
+    mode: Literal["hope", "hr"]
+    splits: list[Split] = Field(min_length=1)
+    k: int = Field(ge=1)  # hope: trajectories per task
+    t: int = Field(ge=1)  # hope: timesteps per trajectory
+    n: int = Field(ge=1)  # hope: distinct counterfactuals per timestep
+    window: tuple[float, float]  # hope: timesteps j with a*T <= j < b*T
+    hr_top: int = Field(ge=1)  # hr: places the controller names; one is used
+
+    @model_validator(mode="after")
+    def _window(self) -> "RelabelParams":
+        a, b = self.window
+        if not 0 <= a < b <= 1:
+            raise ValueError(f"window must satisfy 0 <= a < b <= 1, got {list(self.window)}")
+        return self
+
+
+class RegenerateParams(Strict):
+    sampling: SamplingParams
+    batch_size: int = Field(ge=1)
+
+
+class StandardizeParams(Strict):
+    splits: list[Split] = Field(min_length=1)
+    mode: Literal["per_context", "global", "min_max"]
+    clip: float | None = Field(None, gt=0)
+
+
+class MethodParams(Strict):
+    algorithm: Literal["sft", "refit", "swift", "filtered_bc"]
+    data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
+    top_fraction: float = Field(0.25, gt=0, le=1)  # filtered_bc only
+
+
+class MethodConfig(Strict):
+    """What one algorithm sees: the shared trainer settings and its method's own."""
+
+    train: TrainParams
+    norm: Literal["sequences", "tokens"]
+    deepspeed: str | None
+    top_fraction: float
+
+    def trainer_kwargs(self) -> dict:
+        return {**self.train.model_dump(), "deepspeed": self.deepspeed}
+
+
+class TrainStageParams(TrainParams):
+    base_model: str
+    methods: dict[str, MethodParams] = Field(min_length=1)
+    norm: Literal["sequences", "tokens"] = "sequences"  # Refit/Swift: mean over trajectories or tokens
+    deepspeed: str | None = None  # a ZeRO config, used when CUDA GPUs exist
+
+    def config_for(self, method: MethodParams) -> MethodConfig:
+        shared = TrainParams(**{k: getattr(self, k) for k in TrainParams.model_fields})
+        return MethodConfig(train=shared, norm=self.norm, deepspeed=self.deepspeed, top_fraction=method.top_fraction)
+
+
+class EvaluateParams(Strict):
+    splits: list[Split] = Field(min_length=1)
+    episodes_per_task: int = Field(ge=1)
+    sampling: SamplingParams
+    batch_size: int = Field(ge=1)
+    limit_tasks: int | None = Field(None, ge=1)
+
+
 class Params(Strict):
     seed: int
     env: EnvParams
     roles: Roles
     bootstrap: BootstrapParams
     collect: CollectParams
+    relabel: RelabelParams
+    regenerate: RegenerateParams
+    standardize: StandardizeParams
+    train: TrainStageParams
+    evaluate: EvaluateParams
 
 
 class ParamsError(ValueError):

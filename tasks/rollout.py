@@ -48,6 +48,11 @@ class Episode:
     turns: list[dict] = field(default_factory=list)
     parse_failures: int = 0
     policy_id: str = ""
+    # Lineage of a regenerated episode: the logged trajectory, turn and relabel it branched from.
+    source: str = "policy"
+    parent_id: str | None = None
+    branch_turn: int | None = None
+    relabel_id: str | None = None
 
     @property
     def done(self) -> bool:
@@ -97,10 +102,10 @@ class Episode:
             "env": ENV_NAME,
             "task_id": self.task.name,
             "split": self.split,
-            "source": "policy",
-            "parent_id": None,
-            "branch_turn": None,
-            "relabel_id": None,
+            "source": self.source,
+            "parent_id": self.parent_id,
+            "branch_turn": self.branch_turn,
+            "relabel_id": self.relabel_id,
             "policy_id": self.policy_id,
             "seed": self.seed,
             "messages": self.messages,
@@ -112,10 +117,25 @@ class Episode:
         return {"trajectory_id": trajectory_id(row), **row}
 
 
+def episode_from_prefix(kb: KnowledgeBase, parent: dict, branch_turn: int, seed: int, max_turns: int, show_candidates: bool) -> Episode:
+    """The episode `parent` (a trajectories row) was at just before its action number
+    `branch_turn`: its messages and turns copied, and the game state restored from the logged
+    answers rather than asked again, so the prefix is exactly the logged one."""
+    if not 0 <= branch_turn < parent["num_turns"]:
+        raise ValueError(f"trajectory {parent['trajectory_id']}: branch turn {branch_turn} outside 0..{parent['num_turns'] - 1}")
+    ep = new_episode(kb, kb.get(parent["task_id"]), parent["split"], seed, max_turns, show_candidates)
+    ep.messages = [dict(m) for m in parent["messages"][: 2 + 2 * branch_turn]]
+    ep.turns = [dict(t) for t in parent["turns"][:branch_turn]]
+    ep.game.restore([(t["action"], t["observation"]) for t in ep.turns])
+    return ep
+
+
 def new_episode(
     kb: KnowledgeBase, task: Entity, split: str, seed: int, max_turns: int, show_candidates: bool
 ) -> Episode:
-    candidates = kb.split(split)
+    # A player shown the split's list narrows to it; one not shown it must consider every object
+    # it knows, so scripted players then search the whole knowledge base.
+    candidates = kb.split(split) if show_candidates else list(kb.entities)
     names = [c.name for c in candidates] if show_candidates else None
     ep = Episode(task=task, split=split, seed=seed, game=Game(kb, task, max_turns=max_turns), candidates=candidates)
     ep.messages = [

@@ -5,14 +5,21 @@ with the unbiased (m - 1) standard deviation. Two cases the paper leaves open ar
 - std = 0 (every trajectory of the context got the same reward): no trajectory is better than
   another, so each gets z = 0 and status "tied" (as GRPO does), rather than dividing by ~0.
 - m = 1: the sample standard deviation is undefined; z = 0 and status "singleton".
-Rows without a reward (labelling failed) keep a null weight with status "no_reward" and are left
+Refit's weight is the labelled reward min-max scaled to [0, 1] over the table: Refit assumes a
+non-negative reward, and the environment's returns are <= 0 (all equal rewards give weight 1,
+plain SFT). Rows without a reward (labelling failed) keep a null weight with status "no_reward" and are left
 out of every statistic. Also global z-scores and min-max scaling, and optional clipping.
 """
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
 from typing import Literal
 
 import polars as pl
+
+from storage.parquet import read_polars, write_table
 
 Mode = Literal["per_context", "global", "min_max"]
 
@@ -60,3 +67,52 @@ def standardize(
 def counts(df: pl.DataFrame) -> dict[str, int]:
     """How many rows fell in each case, for the stage's report."""
     return dict(df.group_by("standardize_status").len().sort("standardize_status").iter_rows())
+
+
+def refit_weight(df: pl.DataFrame, reward: str = "reward") -> pl.DataFrame:
+    r = pl.col(reward)
+    lo, hi = r.min(), r.max()
+    return df.with_columns(weight=pl.when(r.is_null()).then(None).when(hi > lo).then((r - lo) / (hi - lo)).otherwise(1.0))
+
+
+TRAINING_COLUMNS = [
+    "trajectory_id", "task_id", "split", "source", "parent_id", "relabel_id", "messages", "reward",
+    "standardized_reward", "weight", "group_size", "group_mean", "group_std", "standardize_status",
+]
+
+
+def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir: Path) -> dict:
+    """Joins trajectories with their labels; writes train.parquet (the training table),
+    export/train.parquet (for datasets / TRL) and metrics.json."""
+    t0 = time.time()
+    s = params.standardize
+    trajs = pl.concat([read_polars(p, "trajectories") for p in trajectory_files], how="vertical")
+    rows_in = trajs.height
+    trajs = trajs.filter(pl.col("split").is_in(s.splits))
+    lab = read_polars(labels, "labels").select("trajectory_id", "reward", "status")
+    joined = trajs.join(lab, on="trajectory_id", how="left")
+    unlabelled = joined.filter(pl.col("status").is_null()).height
+    if unlabelled:
+        first = joined.filter(pl.col("status").is_null())["trajectory_id"][0]
+        raise ValueError(f"{labels}: {unlabelled} trajectories have no label row (first: {first}); rerun label")
+    out = standardize(joined, mode=s.mode, group_by=("env", "task_id"), clip=s.clip)
+    out = refit_weight(out).select(TRAINING_COLUMNS).sort("task_id", "trajectory_id")
+    write_table(out.to_arrow(), out_dir / "train.parquet", "training")
+    export = out.select("messages", "reward", "standardized_reward", "weight", "trajectory_id", "task_id", "source")
+    write_table(export.to_arrow(), out_dir / "export" / "train.parquet", "export")
+    z = out["standardized_reward"].drop_nulls()
+    metrics = {
+        "rows_in": rows_in,
+        "rows_other_splits": rows_in - trajs.height,
+        "rows_out": out.height,
+        "mode": s.mode,
+        "clip": s.clip,
+        "by_source": dict(sorted(out.group_by("source").len().iter_rows())),
+        "status": counts(out),
+        "contexts": out["task_id"].n_unique(),
+        "contexts_with_variance": out.filter(pl.col("standardize_status") == "ok")["task_id"].n_unique(),
+        "standardized_reward": {"min": z.min(), "max": z.max(), "mean": z.mean()} if len(z) else None,
+        "seconds": round(time.time() - t0, 1),
+    }
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics

@@ -23,7 +23,11 @@ TINY = {
         "model": {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "head_dim": 64, "intermediate_size": 128, "max_length": 1024},
         "train": {"epochs": 1, "batch_size": 8, "learning_rate": 3.0e-3, "warmup_ratio": 0.0, "weight_decay": 0.0},
     },
-    "collect": {"m": 2, "limit_tasks": 3, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
+    "collect": {"splits": ["train", "val"], "m": 2, "limit_tasks": 3, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
+    "relabel": {"k": 2, "t": 1, "n": 2},
+    "regenerate": {"sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
+    "train": {"epochs": 1, "batch_size": 4},
+    "evaluate": {"limit_tasks": 2, "episodes_per_task": 2, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
 }
 
 
@@ -36,6 +40,26 @@ def deep_update(d: dict, u: dict) -> dict:
 def tiny_params(overrides: dict | None = None) -> dict:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     return deep_update(deep_update(raw, TINY), overrides or {})
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """An untrained tiny model: plumbing tests do not depend on the policy being good."""
+    import torch
+
+    from envs.twenty_questions.format import system_prompt
+    from envs.twenty_questions.kb import load_kb
+    from models.tiny import make_model, train_tokenizer
+
+    kb = load_kb()
+    corpus = [system_prompt(20)] + [e.name for e in kb.entities] + ["REASON: Known: animal.\nQUESTION: Is it an animal?"] * 5
+    tok = train_tokenizer(corpus, vocab_size=400)
+    torch.manual_seed(0)
+    model = make_model(tok, 64, 1, 1, 64, 128, 1024)
+    out = tmp_path_factory.mktemp("model") / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
 
 
 @pytest.fixture

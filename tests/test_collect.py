@@ -3,29 +3,17 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-import torch
 
 from conftest import tiny_params
-from envs.twenty_questions.format import system_prompt
 from envs.twenty_questions.kb import load_kb
-from models.tiny import make_model, train_tokenizer
 from tasks.collect import run_collect
 from tasks.params import Params
 from tasks.rollout import LMAgent
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    """An untrained tiny model: collect's plumbing does not depend on the policy being good."""
-    kb = load_kb()
-    corpus = [system_prompt(20)] + [e.name for e in kb.entities] + ["REASON: Known: animal.\nQUESTION: Is it an animal?"] * 5
-    tok = train_tokenizer(corpus, vocab_size=400)
-    torch.manual_seed(0)
-    model = make_model(tok, 64, 1, 1, 64, 128, 1024)
-    out = tmp_path_factory.mktemp("model") / "model"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+def model_dir(tiny_model_dir) -> Path:
+    return tiny_model_dir
 
 
 def test_two_runs_with_the_same_seed_write_identical_bytes(model_dir, tmp_path):

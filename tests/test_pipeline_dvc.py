@@ -1,4 +1,4 @@
-"""bootstrap and collect through `retrosight run` -> Prefect -> `dvc repro`, in a fresh repo."""
+"""The whole DAG through `retrosight run` -> Prefect -> `dvc repro`, in a fresh repo, tiny preset."""
 import json
 import time
 
@@ -8,10 +8,14 @@ import yaml
 from conftest import BIN, run, tiny_params
 
 
+STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "train", "evaluate"]
+
+
 def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
     first = run([str(BIN / "retrosight"), "run"], project)
-    for stage in ("bootstrap", "collect", "summarize"):
+    for stage in STAGES:
         assert f"{stage}: ran" in first.stdout, first.stdout
+    assert "Held-out evaluation" in first.stdout and "refit_logged" in first.stdout
 
     model = project / "data/bootstrap/model"
     assert (model / "config.json").exists() and (model / "model.safetensors").exists()
@@ -25,26 +29,40 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
     status = run([str(BIN / "dvc"), "status", "--json"], project)
     assert json.loads(status.stdout) == {}
     lock = yaml.safe_load((project / "dvc.lock").read_text())
-    assert set(lock["stages"]) == {"bootstrap", "collect", "summarize"}
+    assert set(lock["stages"]) == set(STAGES)
     assert pq.read_table(project / "data/summarize/summaries.parquet").num_rows == table.num_rows
+    relabels = pq.read_table(project / "data/relabel/relabels.parquet")
+    regens = pq.read_table(project / "data/regenerate/trajectories.parquet")
+    assert 0 < relabels.num_rows == regens.num_rows
+    assert pq.read_table(project / "data/label/labels.parquet").num_rows == table.num_rows + regens.num_rows
+    training = pq.read_table(project / "data/standardize/train.parquet")
+    assert set(training.column("split").to_pylist()) == {"train"}
+    assert training.num_rows == 3 * 2 + regens.num_rows  # train-split originals + regenerations
+    evaluation = json.loads((project / "data/evaluate/metrics.json").read_text())
+    assert list(evaluation["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "sft", "filtered_bc"]
+    assert evaluation["policies"]["swift"]["heldout"]["episodes"] == 2 * 2 * 2  # 2 tasks x val/test x 2 episodes
 
     t0 = time.time()
     again = run([str(BIN / "retrosight"), "run"], project)
     assert "up to date" in again.stdout
     assert time.time() - t0 < 30
 
-    # A collect parameter changes: collect reruns, bootstrap is not recomputed.
+    # A relabel parameter changes: relabel and what depends on it rerun; nothing upstream does.
     before = (model / "model.safetensors").stat().st_mtime_ns
-    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params({"collect": {"m": 3}}), sort_keys=False))
+    (project / "params.yaml").write_text(yaml.safe_dump(tiny_params({"relabel": {"n": 1}}), sort_keys=False))
     third = run([str(BIN / "retrosight"), "run"], project)
-    assert "bootstrap: skipped" in third.stdout and "collect: ran" in third.stdout, third.stdout
+    for stage in STAGES[:3]:
+        assert f"{stage}: skipped" in third.stdout, third.stdout
+    for stage in STAGES[3:]:
+        assert f"{stage}: ran" in third.stdout, third.stdout
     assert (model / "model.safetensors").stat().st_mtime_ns == before
-    assert pq.read_table(project / "data/collect/trajectories.parquet").num_rows == 3 * 2 * 3
 
-    # One stage by name, forced: that stage (and what follows it) only.
-    fourth = run([str(BIN / "retrosight"), "run", "collect", "--force"], project)
-    assert "collect: ran" in fourth.stdout and "summarize: ran" in fourth.stdout
-    assert "bootstrap:" not in fourth.stdout
+    # One stage by name, forced: that stage and what follows it, nothing upstream.
+    fourth = run([str(BIN / "retrosight"), "run", "relabel", "--force"], project)
+    for stage in STAGES[3:]:
+        assert f"{stage}: ran" in fourth.stdout, fourth.stdout
+    for stage in STAGES[:3]:
+        assert f"{stage}:" not in fourth.stdout
 
 
 def test_bad_params_stop_the_run_with_the_key_named(project):

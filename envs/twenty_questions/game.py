@@ -65,6 +65,16 @@ class Game:
         """The next action is the last allowed one, so only a correct guess can still win."""
         return not self.done and self.turn == self.max_turns - 1
 
+    def restore(self, history: list[tuple[str, str]]) -> None:
+        """Resume from logged (question, answer) pairs without asking the oracle again: a
+        branch from a logged prefix keeps the answers that prefix actually got."""
+        if self.turn:
+            raise RuntimeError("restore() needs a fresh game")
+        if len(history) >= self.max_turns:
+            raise ValueError(f"a prefix of {len(history)} turns leaves no turn of {self.max_turns}")
+        self.history = list(history)
+        self.turn = len(history)
+
     def step(self, question: str) -> Step:
         if self.done:
             raise RuntimeError(f"the game for {self.secret.name!r} is over; start a new one")

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer
 
-from tasks.train.sft import IGNORE
+from tasks.train.sft import IGNORE, tokenize_chats, train_sft
 
 Norm = Literal["sequences", "tokens"]
 
@@ -53,3 +53,22 @@ class RewardWeightedTrainer(Trainer):
         outputs = model(**inputs)
         loss = weighted_action_nll(outputs.logits, labels, weights, self.norm)
         return (loss, outputs) if return_outputs else loss
+
+
+def train_weighted(model, tokenizer, table, cfg, seed: int, column: str) -> dict:
+    """Reward-weighted fine-tuning with per-trajectory weights from `column`. Rows without a
+    weight (unlabelled) and rows of weight 0 (no gradient) are left out and counted."""
+    import polars as pl
+
+    usable = table.filter(pl.col(column).is_not_null() & (pl.col(column) != 0))
+    if usable.height == 0:  # e.g. every context tied: there is nothing to learn from
+        return {"rows": 0, "rows_skipped": table.height, "truncated": 0, "curve": []}
+    tokenized = tokenize_chats(tokenizer, usable["messages"].to_list(), model.config.max_position_embeddings)
+    examples = [{**ex, "weight": float(w)} for ex, w in zip(tokenized.examples, usable[column].to_list())]
+    curve = train_sft(model, tokenizer, examples, seed=seed, trainer_cls=RewardWeightedTrainer, norm=cfg.norm, **cfg.trainer_kwargs())
+    return {"rows": usable.height, "rows_skipped": table.height - usable.height, "truncated": tokenized.truncated, "curve": curve}
+
+
+def train(model, tokenizer, table, cfg, seed: int) -> dict:
+    """Refit: the weight is the labelled reward scaled to [0, 1] (standardize's `weight`)."""
+    return train_weighted(model, tokenizer, table, cfg, seed, "weight")

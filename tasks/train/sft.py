@@ -81,11 +81,12 @@ def train_sft(
     weight_decay: float,
     bf16: bool,
     seed: int,
+    deepspeed: str | None = None,
     trainer_cls: type[Trainer] = Trainer,
     **trainer_kwargs,
 ) -> list[dict]:
     """Train in place with the HF Trainer (or a subclass with its own loss, such as Refit's);
-    returns the logged loss curve."""
+    returns the logged loss curve. `deepspeed` is a ZeRO config file, used only on GPUs."""
     steps = math.ceil(len(examples) / batch_size) * epochs
     with tempfile.TemporaryDirectory() as tmp:
         args = TrainingArguments(
@@ -105,6 +106,7 @@ def train_sft(
             bf16=bf16,
             train_sampling_strategy="group_by_length",  # batches of similar length: less padding
             remove_unused_columns=False,  # keep per-trajectory weights for reward-weighted losses
+            deepspeed=deepspeed if torch.cuda.is_available() else None,
         )
         trainer = trainer_cls(
             model=model,
@@ -126,3 +128,12 @@ class _ListDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> dict:
         return self.rows[i]
+
+
+def train(model, tokenizer, table, cfg, seed: int) -> dict:
+    """The SFT algorithm on a training table: every trajectory, weight 1."""
+    if table.height == 0:
+        return {"rows": 0, "truncated": 0, "curve": []}
+    tokenized = tokenize_chats(tokenizer, table["messages"].to_list(), model.config.max_position_embeddings)
+    curve = train_sft(model, tokenizer, tokenized.examples, seed=seed, **cfg.trainer_kwargs())
+    return {"rows": table.height, "truncated": tokenized.truncated, "curve": curve}

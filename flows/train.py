@@ -1,0 +1,14 @@
+"""Prefect flow for the train stage (dvc.yaml: `retrosight stage train`)."""
+from prefect import flow
+
+from flows.common import DATA, publish
+from tasks.params import load_params
+from tasks.train import run_train
+
+
+@flow(name="train")
+def train_flow(params_path: str = "params.yaml") -> dict:
+    params = load_params(params_path)
+    metrics = run_train(params, DATA / "standardize" / "train.parquet", DATA / "train")
+    publish("train", metrics)
+    return metrics

@@ -1,0 +1,83 @@
+"""evaluate: roll every policy out on held-out tasks; success, return and turns with standard errors.
+
+Each policy plays the same episodes (same tasks, same per-episode seeds), episodes_per_task
+times per task (HOPE: 3 on val and test), so the policies are compared on paired episodes.
+Standard errors are over episodes.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+
+from envs.twenty_questions.kb import load_kb
+from models.base import SamplingParams
+from models.hf import HFGenerator
+from storage.parquet import write_table
+from storage.schema import to_table
+from tasks.params import Params
+from tasks.rollout import Episode, LMAgent, derive_seed, new_episode, play
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    n = len(xs)
+    mean = sum(xs) / n
+    if n < 2:
+        return mean, 0.0
+    var = sum((x - mean) ** 2 for x in xs) / (n - 1)
+    return mean, math.sqrt(var / n)
+
+
+def summary(episodes: list[Episode]) -> dict:
+    out: dict = {"episodes": len(episodes)}
+    for key, se_key, values in (
+        ("success_rate", "success_se", [float(e.game.success) for e in episodes]),
+        ("mean_return", "return_se", [sum(t["reward"] for t in e.turns) for e in episodes]),
+        ("mean_turns", "turns_se", [float(len(e.turns)) for e in episodes]),
+    ):
+        mean, se = mean_se(values)
+        out[key], out[se_key] = round(mean, 4), round(se, 4)
+    return out
+
+
+def policies(params: Params, train_dir: Path) -> dict[str, Path]:
+    """The base policy and every trained method, in params order."""
+    return {"bootstrap": Path(params.train.base_model), **{m: train_dir / "models" / m for m in params.train.methods}}
+
+
+def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
+    """Writes out_dir/metrics.json, out_dir/episodes.parquet and out_dir/plots/success_<split>.json."""
+    t0 = time.time()
+    e, kb = params.evaluate, load_kb()
+    results, rows = {}, []
+    for name, model_dir in policies(params, train_dir).items():
+        episodes = [
+            new_episode(kb, task, split, derive_seed(params.seed, "evaluate", split, task.name, k), params.env.max_turns, params.env.show_candidates)
+            for split in e.splits
+            for task in kb.split(split)[: e.limit_tasks]
+            for k in range(e.episodes_per_task)
+        ]
+        generator = HFGenerator(model_dir, batch_size=e.batch_size, dtype=params.roles.policy.dtype)
+        play(episodes, LMAgent(generator, SamplingParams(**e.sampling.model_dump())), derive_seed(params.seed, "evaluate"), f"evaluate {name}")
+        results[name] = {
+            "policy_id": generator.model_id,
+            **{split: summary([ep for ep in episodes if ep.split == split]) for split in e.splits},
+            "heldout": summary(episodes),
+        }
+        rows += [ep.to_row() for ep in episodes]
+    rows.sort(key=lambda r: (r["policy_id"], r["split"], r["task_id"], r["seed"]))
+    write_table(to_table(rows, "trajectories"), out_dir / "episodes.parquet", "trajectories")
+    (out_dir / "plots").mkdir(parents=True, exist_ok=True)
+    for split in [*e.splits, "heldout"]:
+        points = [{"policy": name, "success_rate": r[split]["success_rate"], "success_se": r[split]["success_se"]} for name, r in results.items()]
+        (out_dir / "plots" / f"success_{split}.json").write_text(json.dumps(points, indent=1) + "\n")
+    metrics = {
+        "splits": e.splits,
+        "episodes_per_task": e.episodes_per_task,
+        "sampling": e.sampling.model_dump(),
+        "policies": results,
+        "seconds": round(time.time() - t0, 1),
+    }
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics

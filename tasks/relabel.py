@@ -1,0 +1,113 @@
+"""relabel (hindsight relabeling): counterfactual actions at chosen turns of logged trajectories.
+
+Two schemes, as the papers run them:
+- hope: per task pick k trajectories; per trajectory t timesteps inside [a*T, b*T) of its T
+  turns; per timestep n distinct counterfactuals proposed from (prefix, summary). Too early and
+  the policy has not yet narrowed anything; too late and the proposer could just name the secret.
+- hr: one suggestion per dialogue: the controller names the top few turns to improve and one of
+  them is chosen at random (HR App. B.1).
+A counterfactual equal to the original action (after normalisation) is dropped and counted.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from envs.twenty_questions.format import render_action
+from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.policies import PlayerView
+from envs.twenty_questions.proposer import VERSION, OracleProposer, Proposal, same_action
+from storage.parquet import read_table, write_table
+from storage.schema import to_table
+from tasks.params import Params
+from tasks.rollout import derive_seed
+
+
+def window(num_turns: int, a: float, b: float) -> list[int]:
+    """The 0-based turns j with a*T <= j < b*T."""
+    return [j for j in range(num_turns) if a * num_turns <= j < b * num_turns]
+
+
+def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Path) -> dict:
+    """Writes out_dir/relabels.parquet and out_dir/metrics.json."""
+    t0 = time.time()
+    r, kb = params.relabel, load_kb()
+    proposer = OracleProposer(kb)
+    summary_of = {s["trajectory_id"]: s["summary"] for s in read_table(summaries, "summaries").to_pylist()}
+    trajs = [t for t in read_table(trajectories, "trajectories").to_pylist() if t["split"] in r.splits]
+    keys = ("trajectories_relabelled", "skipped_no_summary", "empty_window", "no_place_to_improve", "timesteps", "proposed", "dropped_equal")
+    counts = defaultdict(int, trajectories_in=len(trajs), **dict.fromkeys(keys, 0))
+    by_task: dict[str, list[dict]] = defaultdict(list)
+    for t in sorted(trajs, key=lambda t: t["trajectory_id"]):
+        if t["trajectory_id"] not in summary_of:  # the proposer works from (prefix, summary)
+            counts["skipped_no_summary"] += 1
+            continue
+        by_task[t["task_id"]].append(t)
+
+    rows: list[dict] = []
+
+    def emit(traj: dict, turn: int, rank: int, proposal: Proposal) -> None:
+        original = traj["turns"][turn]["action"]
+        if same_action(kb, original, proposal.action.question):
+            counts["dropped_equal"] += 1
+            return
+        text = render_action(proposal.action.reason, proposal.action.question)
+        key = json.dumps([traj["trajectory_id"], turn, text, r.mode, VERSION])
+        rows.append(
+            {
+                "relabel_id": hashlib.sha256(key.encode()).hexdigest()[:16],
+                "trajectory_id": traj["trajectory_id"],
+                "task_id": traj["task_id"],
+                "split": traj["split"],
+                "mode": r.mode,
+                "branch_turn": turn,
+                "rank": rank,
+                "original_text": traj["messages"][2 + 2 * turn]["content"],
+                "original_action": original,
+                "counterfactual_text": text,
+                "counterfactual_action": proposal.action.question,
+                "player_reason": proposal.action.reason,
+                "rationale": proposal.rationale,
+                "proposer": params.roles.proposer.backend,
+                "prompt_hash": hashlib.sha256(VERSION.encode()).hexdigest()[:12],
+            }
+        )
+
+    for task_id, group in sorted(by_task.items()):
+        rng = random.Random(derive_seed(params.seed, "relabel", r.mode, task_id))
+        secret = kb.get(task_id)
+        chosen = rng.sample(group, min(r.k, len(group))) if r.mode == "hope" else group
+        for traj in chosen:
+            counts["trajectories_relabelled"] += 1
+            history = [(t["action"], t["observation"]) for t in traj["turns"]]
+            candidates = kb.split(traj["split"]) if params.env.show_candidates else list(kb.entities)
+            if r.mode == "hr":
+                places = proposer.critique(secret, candidates, history, params.env.max_turns, r.hr_top)
+                if not places:
+                    counts["no_place_to_improve"] += 1
+                    continue
+                turn, proposal, _ = rng.choice(places)
+                counts["proposed"] += 1
+                emit(traj, turn, 0, proposal)
+                continue
+            turns = window(traj["num_turns"], *r.window)
+            if not turns:
+                counts["empty_window"] += 1
+                continue
+            for turn in sorted(rng.sample(turns, min(r.t, len(turns)))):
+                counts["timesteps"] += 1
+                view = PlayerView(candidates, history[:turn], turn, params.env.max_turns)
+                proposals = proposer.propose(secret, view, r.n)
+                counts["proposed"] += len(proposals)
+                for rank, proposal in enumerate(proposals):
+                    emit(traj, turn, rank, proposal)
+
+    rows.sort(key=lambda row: (row["trajectory_id"], row["branch_turn"], row["rank"]))
+    write_table(to_table(rows, "relabels"), out_dir / "relabels.parquet", "relabels")
+    metrics = {"mode": r.mode, "relabels": len(rows), **dict(sorted(counts.items())), "seconds": round(time.time() - t0, 1)}
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics

@@ -1,0 +1,24 @@
+"""Filtered behaviour cloning: SFT on the top fraction of trajectories by reward.
+
+STaR-GATE and rejection-sampling fine-tuning keep only the most rewarding trajectories and clone
+them. Ranking is by reward, then trajectory_id, so ties at the cut are broken the same way on
+every run; trajectories without a reward are never kept.
+"""
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+from tasks.train import sft
+
+
+def select(table: pl.DataFrame, top_fraction: float) -> pl.DataFrame:
+    rated = table.filter(pl.col("reward").is_not_null()).sort(["reward", "trajectory_id"], descending=[True, False])
+    return rated.head(math.ceil(top_fraction * rated.height))
+
+
+def train(model, tokenizer, table, cfg, seed: int) -> dict:
+    kept = select(table, cfg.top_fraction)
+    result = sft.train(model, tokenizer, kept, cfg, seed)
+    return {**result, "rows_skipped": table.height - kept.height, "min_reward_kept": kept["reward"].min()}

@@ -1,0 +1,180 @@
+"""relabel, regenerate and label on scripted trajectories: proposals, splicing, lineage, labels."""
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from conftest import tiny_params
+from envs.twenty_questions.format import parse_action
+from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.labeler import label_trajectory
+from envs.twenty_questions.policies import ExpertPolicy, NoisyPolicy, PlayerView, consistent
+from envs.twenty_questions.proposer import OracleProposer, same_action
+from storage.parquet import read_table, write_table
+from storage.schema import to_table
+from tasks.label import run_label
+from tasks.params import Params
+from tasks.regenerate import run_regenerate, splice
+from tasks.relabel import run_relabel, window
+from tasks.rollout import ScriptedAgent, derive_seed, new_episode, play
+from tasks.summarize import run_summarize
+
+KB = load_kb()
+
+
+def params(**overrides) -> Params:
+    return Params.model_validate(tiny_params(overrides))
+
+
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory) -> Path:
+    """Noisy scripted trajectories (3 per task on 4 train tasks, 1 on a val task) and their summaries."""
+    out = tmp_path_factory.mktemp("logged")
+    eps = [
+        new_episode(KB, task, split, derive_seed("logged", task.name, k), 20, False)
+        for split, n_tasks, m in (("train", 4, 3), ("val", 1, 1))
+        for task in KB.split(split)[:n_tasks]
+        for k in range(m)
+    ]
+    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    write_table(to_table([e.to_row() for e in eps], "trajectories"), out / "trajectories.parquet", "trajectories")
+    run_summarize(params(), out / "trajectories.parquet", out)
+    return out
+
+
+def test_window_is_half_open():
+    assert window(10, 0.3, 0.6) == [3, 4, 5]
+    assert window(1, 0.3, 0.6) == []
+    assert window(20, 0.0, 1.0) == list(range(20))
+
+
+def test_same_action_normalises_text_questions_and_guesses():
+    assert same_action(KB, "Is it an animal?", "is it an animal")
+    assert same_action(KB, "Is it a cat?", "Is it cat?")
+    assert not same_action(KB, "Is it a cat?", "Is it a dog?")
+    assert not same_action(KB, "Is it an animal?", "Is it a cat?")
+
+
+def test_proposals_are_actions_the_player_could_justify():
+    proposer = OracleProposer(KB)
+    secret = KB.split("train")[0]
+    view = PlayerView(list(KB.entities), [], 0, 20)
+    proposals = proposer.propose(secret, view, 3)
+    assert len(proposals) == 3 and len({p.action.question for p in proposals}) == 3
+    for p in proposals:
+        assert KB.match_question(p.action.question) is not None  # a question, not a guess of the secret
+        assert secret.name not in p.action.question and secret.name not in p.action.reason
+        assert secret.name in p.rationale  # the hindsight reasoning may use it
+    # With one object left, the justified action is to guess it.
+    left_one = PlayerView([secret], [], 3, 20)
+    (only,) = proposer.propose(secret, left_one, 2)
+    assert KB.resolve_guess(only.action.question) == secret
+
+
+def test_relabel_hope_counts_and_drops_counterfactuals_equal_to_the_original(logged, tmp_path):
+    m = run_relabel(params(), logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path)
+    rows = read_table(tmp_path / "relabels.parquet", "relabels").to_pylist()
+    trajs = {t["trajectory_id"]: t for t in read_table(logged / "trajectories.parquet").to_pylist()}
+    assert m["trajectories_in"] == 12  # the val trajectory is not relabelled (splits: [train])
+    assert m["trajectories_relabelled"] == 4 * 2  # k = 2 per task
+    assert m["proposed"] == m["relabels"] + m["dropped_equal"]
+    assert m["relabels"] == len(rows) > 0
+    for r in rows:
+        parent = trajs[r["trajectory_id"]]
+        assert parent["split"] == "train"
+        T = parent["num_turns"]
+        assert 0.3 * T <= r["branch_turn"] < 0.6 * T
+        assert r["original_action"] == parent["turns"][r["branch_turn"]]["action"]
+        assert not same_action(KB, r["original_action"], r["counterfactual_action"])
+        assert parse_action(r["counterfactual_text"]).question == r["counterfactual_action"]
+    # Reruns are deterministic.
+    run_relabel(params(), logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path / "again")
+    assert (tmp_path / "relabels.parquet").read_bytes() == (tmp_path / "again/relabels.parquet").read_bytes()
+
+
+def test_a_counterfactual_the_player_already_took_is_dropped_and_counted(tmp_path):
+    # The expert asks maximally informative questions, so the proposer often names its own.
+    eps = [new_episode(KB, t, "train", i, 20, False) for i, t in enumerate(KB.split("train")[:3])]
+    play(eps, ScriptedAgent(lambda rng: ExpertPolicy()), 0, "expert")
+    write_table(to_table([e.to_row() for e in eps], "trajectories"), tmp_path / "t.parquet", "trajectories")
+    run_summarize(params(), tmp_path / "t.parquet", tmp_path)
+    p = params(relabel={"window": [0.0, 1.0], "t": 20, "n": 3})
+    m = run_relabel(p, tmp_path / "t.parquet", tmp_path / "summaries.parquet", tmp_path / "r")
+    rows = read_table(tmp_path / "r/relabels.parquet", "relabels").to_pylist()
+    assert m["dropped_equal"] > 0 and m["proposed"] == len(rows) + m["dropped_equal"]
+    assert all(not same_action(KB, r["original_action"], r["counterfactual_action"]) for r in rows)
+
+
+def test_relabel_hr_gives_at_most_one_suggestion_per_dialogue(logged, tmp_path):
+    m = run_relabel(params(relabel={"mode": "hr"}), logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path)
+    rows = read_table(tmp_path / "relabels.parquet", "relabels").to_pylist()
+    assert m["trajectories_relabelled"] == 12
+    assert len({r["trajectory_id"] for r in rows}) == len(rows) == m["relabels"]
+    assert m["relabels"] + m["no_place_to_improve"] + m["dropped_equal"] == 12
+    assert all(r["mode"] == "hr" for r in rows)
+
+
+def test_splice_keeps_the_prefix_and_branches_at_the_right_turn(logged, tmp_path):
+    run_relabel(params(), logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path)
+    relabels = read_table(tmp_path / "relabels.parquet", "relabels").to_pylist()
+    parents = {t["trajectory_id"]: t for t in read_table(logged / "trajectories.parquet").to_pylist()}
+    for r in relabels:
+        parent, j = parents[r["trajectory_id"]], r["branch_turn"]
+        ep = splice(params(), parent, r)
+        assert ep.messages[: 2 + 2 * j] == parent["messages"][: 2 + 2 * j]
+        assert ep.turns[:j] == parent["turns"][:j]
+        assert ep.messages[2 + 2 * j] == {"role": "assistant", "content": r["counterfactual_text"]}
+        assert ep.turns[j]["action"] == r["counterfactual_action"] and len(ep.turns) == j + 1
+        # The branch action was answered by the environment from the restored state.
+        assert ep.game.turn == j + 1 and ep.game.history[:j] == [(t["action"], t["observation"]) for t in parent["turns"][:j]]
+        # The counterfactual is consistent with the candidates the prefix left.
+        view = PlayerView(list(KB.entities), ep.game.history[:j], j, 20)
+        guess = KB.resolve_guess(r["counterfactual_action"])
+        assert guess is None or guess in consistent(KB, view)
+
+
+def test_regenerations_trace_to_their_parent_and_relabel_and_get_labelled(logged, tmp_path, tiny_model_dir):
+    p = params()
+    run_relabel(p, logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path / "relabel")
+    m = run_regenerate(p, logged / "trajectories.parquet", tmp_path / "relabel/relabels.parquet", tiny_model_dir, tmp_path / "regen")
+    regens = read_table(tmp_path / "regen/trajectories.parquet", "trajectories").to_pylist()
+    relabels = {r["relabel_id"]: r for r in read_table(tmp_path / "relabel/relabels.parquet").to_pylist()}
+    parents = {t["trajectory_id"]: t for t in read_table(logged / "trajectories.parquet").to_pylist()}
+    assert m["regenerations"] == len(regens) == len(relabels)
+    for t in regens:
+        assert t["source"] == "regeneration"
+        r = relabels[t["relabel_id"]]
+        assert t["parent_id"] == r["trajectory_id"] and t["parent_id"] in parents
+        assert t["branch_turn"] == r["branch_turn"]
+        assert t["messages"][: 2 + 2 * t["branch_turn"]] == parents[t["parent_id"]]["messages"][: 2 + 2 * t["branch_turn"]]
+        assert t["turns"][t["branch_turn"]]["action"] == r["counterfactual_action"]
+    assert len({t["relabel_id"] for t in regens}) == len(regens)
+
+    lm = run_label(p, [logged / "trajectories.parquet", tmp_path / "regen/trajectories.parquet"], tmp_path / "label")
+    labels = read_table(tmp_path / "label/labels.parquet", "labels").to_pylist()
+    assert lm["labels"] == len(parents) + len(regens) and lm["status"] == {"ok": len(labels)}
+    assert lm["logged_return_mismatches"] == 0
+    for lab in labels:
+        assert lab["reward"] == lab["env_reward"] and lab["labeler"] == "oracle"
+
+
+def test_oracle_labeler_replays_and_says_why_it_cannot_label():
+    secret = KB.split("train")[0]
+    ok = label_trajectory(KB, secret.name, ["Is it an animal?", f"Is it {secret.name}?"], 20)
+    assert ok.reward == -1.0 and ok.success
+    short = label_trajectory(KB, secret.name, ["Is it an animal?"], 20)
+    assert short.reward is None and "before the game ends" in short.reason
+    assert label_trajectory(KB, "no such thing", [], 20).reward is None
+    over = label_trajectory(KB, secret.name, [f"Is it {secret.name}?", "Is it an animal?"], 20)
+    assert over.reward is None and "ended at turn 1" in over.reason
+
+
+def test_label_reports_a_logged_return_that_disagrees_with_the_replay(logged, tmp_path):
+    rows = read_table(logged / "trajectories.parquet").to_pylist()[:2]
+    rows[0]["return"] = rows[0]["return"] - 5
+    write_table(to_table(rows, "trajectories"), tmp_path / "t.parquet", "trajectories")
+    m = run_label(params(), [tmp_path / "t.parquet"], tmp_path / "out")
+    assert m["logged_return_mismatches"] == 1
+    lab = {r["trajectory_id"]: r for r in pq.read_table(tmp_path / "out/labels.parquet").to_pylist()}
+    first = lab[rows[0]["trajectory_id"]]
+    assert first["reward"] == first["env_reward"] + 5 and "logged return" in first["reason"]
