@@ -8,7 +8,9 @@ stage functions `retrosight run` calls, and prints one table: held-out (val + te
 (a) the bootstrap policy, (b) Refit on the logged data only, (c) Refit on logged data plus
 hindsight regenerations, (d) Swift on the same, (e) filtered BC (and SFT), as mean and standard
 error over seeds, with each method's ratio to the bootstrap policy. A seed whose evaluation is
-already on disk is read back rather than rerun (--fresh reruns it).
+already on disk is read back rather than rerun (--fresh reruns it). --upstream DIR reuses
+DIR/seedN's bootstrap, collect and summarize outputs, so a hindsight or training setting can be
+varied without paying for the base policy and the logged data again.
 """
 from __future__ import annotations
 
@@ -40,7 +42,10 @@ def override(raw: dict, assignment: str) -> None:
     node[last] = yaml.safe_load(value)
 
 
-def run_seed(params: Params, d: Path) -> dict:
+UPSTREAM = ["bootstrap", "collect", "summarize"]
+
+
+def run_seed(params: Params, d: Path, upstream: Path | None = None) -> dict:
     from tasks.bootstrap import run_bootstrap
     from tasks.collect import run_collect
     from tasks.evaluate import run_evaluate
@@ -64,6 +69,9 @@ def run_seed(params: Params, d: Path) -> dict:
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
     }
     for stage in STAGES:
+        if upstream is not None and stage in UPSTREAM:
+            shutil.copytree(upstream / stage, d / stage, dirs_exist_ok=True)
+            continue
         t0 = time.time()
         steps[stage]()
         print(f"[seed {params.seed}] {stage} done in {time.time() - t0:.0f}s", flush=True)
@@ -82,6 +90,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench/out/repro")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="a params override, key.path=value")
     ap.add_argument("--fresh", action="store_true", help="rerun seeds whose results are on disk")
+    ap.add_argument("--upstream", type=Path, help="reuse bootstrap/collect/summarize from DIR/seedN")
     args = ap.parse_args()
 
     results, t_all = {}, time.time()
@@ -95,7 +104,8 @@ def main() -> None:
         done = d / "evaluate/metrics.json"
         if args.fresh and d.exists():
             shutil.rmtree(d)
-        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d)
+        up = args.upstream / f"seed{seed}" if args.upstream else None
+        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up)
         (d / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
     first = results[args.seeds[0]]

@@ -14,6 +14,7 @@ BIN = Path(sys.executable).parent
 
 # Enough to exercise every code path in seconds: 3 tasks per split, a one-layer model.
 TINY = {
+    "env": {"max_turns": 8},  # short games: every stage's rollouts stay cheap
     "bootstrap": {
         "demos_per_task": 2,
         "limit_tasks": 3,
@@ -26,8 +27,8 @@ TINY = {
     "collect": {"splits": ["train", "val"], "m": 2, "limit_tasks": 3, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
     "relabel": {"k": 2, "t": 1, "n": 2},
     "regenerate": {"sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
-    "train": {"epochs": 1, "batch_size": 4},
-    "evaluate": {"limit_tasks": 2, "episodes_per_task": 2, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
+    "train": {"epochs": 1, "batch_size": 4, "methods": {"sft": {"algorithm": "sft"}}},  # added to params.yaml's
+    "evaluate": {"limit_tasks": 1, "episodes_per_task": 2, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
 }
 
 

@@ -23,7 +23,8 @@ KB = load_kb()
 
 
 def params(**overrides) -> Params:
-    return Params.model_validate(tiny_params(overrides))
+    """The tiny preset, with HOPE's 20 turns: the logged games here are played with 20."""
+    return Params.model_validate(tiny_params({"env": {"max_turns": 20}, **overrides}))
 
 
 @pytest.fixture(scope="module")
