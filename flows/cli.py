@@ -87,21 +87,20 @@ def results(
         _fail(f"{metrics}: no evaluation yet; run `retrosight run` first")
     m = json.loads(metrics.read_text())
     s = m["sampling"]
-    table = Table(title=f"Held-out evaluation ({m['episodes_per_task']} episodes per task, T={s['temperature']})")
-    table.add_column("policy")
-    for split in [*m["splits"], "heldout"]:
-        table.add_column(f"{split} success", justify="right")
-    table.add_column("heldout return", justify="right")
-    table.add_column("heldout turns", justify="right")
+    table = Table(title=f"Success rate on held-out tasks ({m['episodes_per_task']} episodes per task, T={s['temperature']})")
+    table.add_column("policy", no_wrap=True)
+    for col in (*m["splits"], "held-out", "return", "turns"):
+        table.add_column(col, justify="right", no_wrap=True)
     for name, r in m["policies"].items():
         h = r["heldout"]
         table.add_row(
             name,
-            *(f"{r[split]['success_rate']:.3f} ± {r[split]['success_se']:.3f}" for split in [*m["splits"], "heldout"]),
-            f"{h['mean_return']:.2f} ± {h['return_se']:.2f}",
-            f"{h['mean_turns']:.1f} ± {h['turns_se']:.1f}",
+            *(f"{r[split]['success_rate']:.3f}±{r[split]['success_se']:.3f}" for split in [*m["splits"], "heldout"]),
+            f"{h['mean_return']:.1f}±{h['return_se']:.1f}",
+            f"{h['mean_turns']:.1f}±{h['turns_se']:.1f}",
         )
     console.print(table)
+    console.print("mean ± standard error over episodes; held-out = all evaluated splits together")
 
 
 @app.command("stage", hidden=True)

@@ -43,7 +43,9 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
     counts = defaultdict(int, trajectories_in=len(trajs), **dict.fromkeys(keys, 0))
     by_task: dict[str, list[dict]] = defaultdict(list)
     for t in sorted(trajs, key=lambda t: t["trajectory_id"]):
-        if t["trajectory_id"] not in summary_of:  # the proposer works from (prefix, summary)
+        # The proposer works from (prefix, summary). The oracle reads the secret from the
+        # environment itself; an LLM proposer gets the summary in its prompt.
+        if t["trajectory_id"] not in summary_of:
             counts["skipped_no_summary"] += 1
             continue
         by_task[t["task_id"]].append(t)

@@ -15,7 +15,7 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
     first = run([str(BIN / "retrosight"), "run"], project)
     for stage in STAGES:
         assert f"{stage}: ran" in first.stdout, first.stdout
-    assert "Held-out evaluation" in first.stdout and "refit_logged" in first.stdout
+    assert "Success rate on held-out tasks" in first.stdout and "refit_logged" in first.stdout
 
     model = project / "data/bootstrap/model"
     assert (model / "config.json").exists() and (model / "model.safetensors").exists()
