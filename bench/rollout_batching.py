@@ -36,7 +36,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="data/bootstrap/model")
     ap.add_argument("--episodes", type=int, default=64)
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = ap.parse_args()
     kb = load_kb()
     tasks = (kb.split("train") * 10)[: args.episodes]

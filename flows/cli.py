@@ -206,6 +206,9 @@ def main() -> None:
     # No telemetry from the ephemeral server: this machine may have no route out, and no run
     # should depend on one.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # The ephemeral API's first start on a new machine compiles the server and migrates a new
+    # database; Prefect's 20 s default was seen to run out on 2 cores.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     app()
 
 

@@ -65,9 +65,8 @@ def scripted_baselines(params: Params, splits: list[str]) -> dict:
 
 def evaluate_model(params: Params, model_dir: Path, splits: list[str]) -> dict:
     """Success of the trained policy on every eval split, all episodes batched together."""
-    # Evaluated in the precision it was trained in.
-    dtype = "bfloat16" if params.bootstrap.train.bf16 else "float32"
-    gen = HFGenerator(model_dir, batch_size=params.bootstrap.eval_batch_size, dtype=dtype)
+    # In the precision collect will use, so this first look matches the logged data.
+    gen = HFGenerator(model_dir, batch_size=params.bootstrap.eval_batch_size, dtype=params.roles.policy.dtype)
     agent = LMAgent(gen, SamplingParams(**params.bootstrap.eval_sampling.model_dump()))
     episodes = play(_eval_episodes(params, splits, "model"), agent, derive_seed(params.seed, "eval-model"), "model")
     return stats_by_split(episodes)

@@ -23,7 +23,7 @@ class EnvParams(Strict):
 class PolicyRole(Strict):
     backend: Literal["hf"]
     model: str  # a Hugging Face model directory
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 only where the hardware runs it
 
 
 class SimulatorRole(Strict):
@@ -75,7 +75,9 @@ class TrainParams(Strict):
     learning_rate: float = Field(gt=0)
     warmup_ratio: float = Field(ge=0, lt=1)
     weight_decay: float = Field(ge=0)
-    bf16: bool = False  # bfloat16 autocast: about 1.7x faster on CPUs with AMX/AVX512-BF16
+    # bfloat16 autocast. auto: on where the hardware runs it (CUDA, AMX, AVX512-BF16), where it
+    # is faster; elsewhere it is emulated and slower than float32.
+    bf16: bool | Literal["auto"] = "auto"
 
 
 class SamplingParams(Strict):

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
+from models.hf import native_bf16
+
 IGNORE = -100
 
 
@@ -79,7 +81,7 @@ def train_sft(
     learning_rate: float,
     warmup_ratio: float,
     weight_decay: float,
-    bf16: bool,
+    bf16: bool | str,
     seed: int,
     deepspeed: str | None = None,
     trainer_cls: type[Trainer] = Trainer,
@@ -103,7 +105,7 @@ def train_sft(
             seed=seed,
             data_seed=seed,
             use_cpu=not torch.cuda.is_available(),
-            bf16=bf16,
+            bf16=native_bf16() if bf16 == "auto" else bf16,
             train_sampling_strategy="group_by_length",  # batches of similar length: less padding
             remove_unused_columns=False,  # keep per-trajectory weights for reward-weighted losses
             deepspeed=deepspeed if torch.cuda.is_available() else None,
