@@ -146,6 +146,7 @@ class MethodParams(Strict):
     algorithm: Literal["sft", "refit", "swift", "filtered_bc"]
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
     top_fraction: float = Field(0.25, gt=0, le=1)  # filtered_bc only
+    learning_rate: float | None = Field(None, gt=0)  # this method's own; null: train.learning_rate
 
 
 class MethodConfig(Strict):
@@ -153,6 +154,7 @@ class MethodConfig(Strict):
 
     train: TrainParams
     norm: Literal["sequences", "tokens"]
+    push_down_floor: float | None
     deepspeed: str | None
     top_fraction: float
 
@@ -164,11 +166,16 @@ class TrainStageParams(TrainParams):
     base_model: str
     methods: dict[str, MethodParams] = Field(min_length=1)
     norm: Literal["sequences", "tokens"] = "sequences"  # Refit/Swift: mean over trajectories or tokens
+    push_down_floor: float | None = Field(1.0e-3, gt=0, lt=1)  # Swift: negative weights stop at this probability
     deepspeed: str | None = None  # a ZeRO config, used when CUDA GPUs exist
 
     def config_for(self, method: MethodParams) -> MethodConfig:
         shared = TrainParams(**{k: getattr(self, k) for k in TrainParams.model_fields})
-        return MethodConfig(train=shared, norm=self.norm, deepspeed=self.deepspeed, top_fraction=method.top_fraction)
+        if method.learning_rate is not None:
+            shared = shared.model_copy(update={"learning_rate": method.learning_rate})
+        return MethodConfig(
+            train=shared, norm=self.norm, push_down_floor=self.push_down_floor, deepspeed=self.deepspeed, top_fraction=method.top_fraction
+        )
 
 
 class EvaluateParams(Strict):

@@ -43,6 +43,21 @@ def test_negative_weight_pushes_likelihood_down():
         assert (-logits.grad[0, 0, 1]).sign().item() == sign
 
 
+def test_push_down_stops_at_the_floor_for_negative_weights_only():
+    labels = torch.tensor([[IGNORE, 1, 2], [IGNORE, 1, 2]])
+    logits = torch.zeros(2, 3, 3)
+    logits[:, 0, 1] = -10.0  # token 1 is already very unlikely (p ~ 2e-5 < 1e-3); token 2 is at 1/3
+    logits.requires_grad_(True)
+    w = torch.tensor([1.0, -1.0])
+    nll_1 = -torch.log_softmax(logits[0, 0].detach(), -1)[1].item()
+    loss = weighted_action_nll(logits, labels, w, "sequences", push_down_floor=1e-3)
+    # Positive row: full NLL of both tokens. Negative row: the unlikely token counts -log(1e-3), capped.
+    assert loss.item() == pytest.approx((1 * (nll_1 + LOG3) - 1 * (-math.log(1e-3) + LOG3)) / 2, rel=1e-5)
+    loss.backward()
+    assert logits.grad[1, 0].abs().sum() == 0  # nothing left to push down past the floor
+    assert logits.grad[0, 0].abs().sum() > 0 and logits.grad[1, 1].abs().sum() > 0
+
+
 def test_zero_weight_means_no_learning_signal():
     labels = torch.tensor([[IGNORE, 1, 2]])
     logits = uniform_logits(1, 3)

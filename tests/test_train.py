@@ -91,7 +91,10 @@ def test_export_loads_in_datasets_and_trains_in_trl_with_assistant_only_loss(tok
 def test_filtered_bc_keeps_the_top_fraction_with_a_fixed_tie_break():
     table = pl.DataFrame({"trajectory_id": list("abcdef"), "reward": [-3.0, -20.0, -3.0, None, -1.0, -20.0]})
     assert filtered_bc.select(table, 0.4)["trajectory_id"].to_list() == ["e", "a"]  # ceil(0.4 * 5 rated) = 2
-    assert filtered_bc.select(table, 1.0)["trajectory_id"].to_list() == ["e", "a", "c", "b", "f"]  # never the unrated
+    # Never the unrated, and never a failure tied at the floor when some trajectories do better.
+    assert filtered_bc.select(table, 1.0)["trajectory_id"].to_list() == ["e", "a", "c"]
+    floor = pl.DataFrame({"trajectory_id": list("ab"), "reward": [-20.0, -20.0]})
+    assert filtered_bc.select(floor, 0.5)["trajectory_id"].to_list() == ["a"]  # all tied: the top fraction as usual
 
 
 def test_train_stage_writes_a_model_and_a_loss_curve_per_method(tiny_model_dir, tmp_path):

@@ -2,7 +2,9 @@
 
 STaR-GATE and rejection-sampling fine-tuning keep only the most rewarding trajectories and clone
 them. Ranking is by reward, then trajectory_id, so ties at the cut are broken the same way on
-every run; trajectories without a reward are never kept.
+every run. Trajectories without a reward are never kept, and neither are those at the table's
+lowest reward when some do better: where most episodes fail, the top fraction would otherwise
+be filled with failures tied at the floor, which is cloning the failures.
 """
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from tasks.train import sft
 
 def select(table: pl.DataFrame, top_fraction: float) -> pl.DataFrame:
     rated = table.filter(pl.col("reward").is_not_null()).sort(["reward", "trajectory_id"], descending=[True, False])
-    return rated.head(math.ceil(top_fraction * rated.height))
+    top = rated.head(math.ceil(top_fraction * rated.height))
+    floor = rated["reward"].min()
+    return top.filter(pl.col("reward") > floor) if rated["reward"].max() > floor else top
 
 
 def train(model, tokenizer, table, cfg, seed: int) -> dict:

@@ -7,9 +7,16 @@ be negative). Only the agent's tokens carry loss: labels are -100 on system, use
 and padding tokens (the mask comes from tasks.train.sft.tokenize_chats). "sequences" averages
 w * sequence-NLL over trajectories, the paper's objective up to a constant; "tokens" divides
 by the number of supervised tokens instead, the scale TRL's SFT loss has.
+
+Negative weights (Swift) push a trajectory's tokens down, and -log p has no upper bound: on the
+default run the Swift loss fell to -651 in two epochs and the policy stopped playing. So a token
+of a negatively weighted trajectory stops contributing once its probability is below
+`push_down_floor` (its NLL is capped at -log floor); positively weighted tokens are untouched.
+The paper has no such cap (its |z| <= 1.15 at m = 3 bounds the scale, not the direction).
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -22,7 +29,8 @@ Norm = Literal["sequences", "tokens"]
 
 
 def weighted_action_nll(
-    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, norm: Norm = "sequences"
+    logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, norm: Norm = "sequences",
+    push_down_floor: float | None = None,
 ) -> torch.Tensor:
     """logits [B, T, V]; labels [B, T] (IGNORE off the agent's tokens); weights [B]."""
     b, t, v = logits.shape
@@ -31,6 +39,9 @@ def weighted_action_nll(
         logits[:, :-1].float().reshape(-1, v), targets.reshape(-1), ignore_index=IGNORE, reduction="none"
     ).view(b, t - 1)
     mask = (targets != IGNORE).float()
+    if push_down_floor is not None:
+        capped = token_nll.clamp(max=-math.log(push_down_floor))
+        token_nll = torch.where((weights < 0).unsqueeze(1), capped, token_nll)
     seq_nll = (token_nll * mask).sum(dim=1)  # -sum_t log pi(a_t | ...)
     weighted = weights.to(seq_nll.dtype) * seq_nll
     if norm == "sequences":
@@ -43,15 +54,15 @@ def weighted_action_nll(
 class RewardWeightedTrainer(Trainer):
     """The HF Trainer with the loss above; batches carry a `weight` per trajectory."""
 
-    def __init__(self, *args, norm: Norm = "sequences", **kwargs):
+    def __init__(self, *args, norm: Norm = "sequences", push_down_floor: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.norm = norm
+        self.norm, self.push_down_floor = norm, push_down_floor
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         weights = inputs.pop("weight")
         labels = inputs.pop("labels")
         outputs = model(**inputs)
-        loss = weighted_action_nll(outputs.logits, labels, weights, self.norm)
+        loss = weighted_action_nll(outputs.logits, labels, weights, self.norm, self.push_down_floor)
         return (loss, outputs) if return_outputs else loss
 
 
@@ -65,7 +76,7 @@ def train_weighted(model, tokenizer, table, cfg, seed: int, column: str) -> dict
         return {"rows": 0, "rows_skipped": table.height, "truncated": 0, "curve": []}
     tokenized = tokenize_chats(tokenizer, usable["messages"].to_list(), model.config.max_position_embeddings)
     examples = [{**ex, "weight": float(w)} for ex, w in zip(tokenized.examples, usable[column].to_list())]
-    curve = train_sft(model, tokenizer, examples, seed=seed, trainer_cls=RewardWeightedTrainer, norm=cfg.norm, **cfg.trainer_kwargs())
+    curve = train_sft(model, tokenizer, examples, seed=seed, trainer_cls=RewardWeightedTrainer, norm=cfg.norm, push_down_floor=cfg.push_down_floor, **cfg.trainer_kwargs())
     return {"rows": usable.height, "rows_skipped": table.height - usable.height, "truncated": tokenized.truncated, "curve": curve}
 
 
