@@ -38,6 +38,7 @@ def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
         "trajectories": len(rows),
         "tasks": len({(r["split"], r["task_id"]) for r in rows}),
         **stats_by_split(episodes),
+        "prompt_tokens": generator.stats,  # how many the hf backend reused from the previous turn
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")

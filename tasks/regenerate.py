@@ -58,6 +58,7 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
             "success_rate": sum(bool(p["success"]) for p in used_parents) / max(1, len(used_parents)),
             "mean_return": sum(p["return"] for p in used_parents) / max(1, len(used_parents)),
         },
+        "prompt_tokens": generator.stats,
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
