@@ -10,7 +10,9 @@ hindsight regenerations, (d) Swift on the same, (e) filtered BC (and SFT), as me
 error over seeds, with each method's ratio to the bootstrap policy. A seed whose evaluation is
 already on disk is read back rather than rerun (--fresh reruns it). --upstream DIR reuses
 DIR/seedN's bootstrap, collect and summarize outputs, so a hindsight or training setting can be
-varied without paying for the base policy and the logged data again.
+varied without paying for the base policy and the logged data again; --reuse names other stages
+to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the same trained
+policies play the train tasks their data came from).
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def override(raw: dict, assignment: str) -> None:
 UPSTREAM = ["bootstrap", "collect", "summarize"]
 
 
-def run_seed(params: Params, d: Path, upstream: Path | None = None) -> dict:
+def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM) -> dict:
     from tasks.bootstrap import run_bootstrap
     from tasks.collect import run_collect
     from tasks.evaluate import run_evaluate
@@ -69,7 +71,7 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None) -> dict:
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
     }
     for stage in STAGES:
-        if upstream is not None and stage in UPSTREAM:
+        if upstream is not None and stage in reuse:
             shutil.copytree(upstream / stage, d / stage, dirs_exist_ok=True)
             continue
         t0 = time.time()
@@ -91,6 +93,7 @@ def main() -> None:
     ap.add_argument("--set", dest="sets", action="append", default=[], help="a params override, key.path=value")
     ap.add_argument("--fresh", action="store_true", help="rerun seeds whose results are on disk")
     ap.add_argument("--upstream", type=Path, help="reuse bootstrap/collect/summarize from DIR/seedN")
+    ap.add_argument("--reuse", nargs="+", choices=STAGES[:-1], default=UPSTREAM, help="the stages --upstream provides")
     args = ap.parse_args()
 
     results, t_all = {}, time.time()
@@ -105,13 +108,14 @@ def main() -> None:
         if args.fresh and d.exists():
             shutil.rmtree(d)
         up = args.upstream / f"seed{seed}" if args.upstream else None
-        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up)
+        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse)
         (d / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
     first = results[args.seeds[0]]
     policies = list(first["policies"])
     splits = [*first["splits"], "heldout"]
-    print(f"\nHeld-out success over seeds {args.seeds} (mean ± standard error over seeds; "
+    where = "Held-out" if set(first["splits"]) <= {"val", "test"} else "+".join(first["splits"])
+    print(f"\n{where} success over seeds {args.seeds} (mean ± standard error over seeds; "
           f"{first['episodes_per_task']} episodes per task, T={first['sampling']['temperature']}); overrides: {args.sets or 'none'}")
     header = f"{'policy':<14}" + "".join(f"{s:>18}" for s in splits) + f"{'vs bootstrap':>14}" + "".join(f"{'seed ' + str(s):>9}" for s in args.seeds)
     print(header)

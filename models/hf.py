@@ -11,13 +11,14 @@ max_new_tokens, a reply that re-tokenizes differently) is simply encoded in full
 from __future__ import annotations
 
 import hashlib
+import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StaticCache
 
-from models.base import Message, SamplingParams
+from models.base import Completion, Message, SamplingParams
 
 
 def model_fingerprint(path: str | Path) -> str:
@@ -61,8 +62,10 @@ class _Kept:
         return self.kv[0][0].shape[1]
 
 
-def sample(logits: torch.Tensor, sampling: SamplingParams, rng: torch.Generator) -> torch.Tensor:
-    """One token per row from [B, V] logits: greedy at temperature 0, else temperature and top-p."""
+def sample(logits: torch.Tensor, sampling: SamplingParams, rngs: list[random.Random]) -> torch.Tensor:
+    """One token per row from [B, V] logits: greedy at temperature 0, else temperature and top-p,
+    drawn by inverse CDF with one uniform from each row's own generator (so a row's tokens do not
+    depend on the rows beside it)."""
     if sampling.temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
@@ -70,10 +73,15 @@ def sample(logits: torch.Tensor, sampling: SamplingParams, rng: torch.Generator)
         sorted_p, order = probs.sort(dim=-1, descending=True)
         outside = sorted_p.cumsum(-1) - sorted_p > sampling.top_p  # keeps at least the top token
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(outside, 0.0))
-    return torch.multinomial(probs, 1, generator=rng).squeeze(-1)
+    cdf = probs.cumsum(-1)
+    u = torch.tensor([[r.random()] for r in rngs], dtype=cdf.dtype) * cdf[:, -1:]
+    # The first token whose CDF exceeds u has positive probability (zeroed tokens add nothing).
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
 
 
 class HFGenerator:
+    backend = "hf"
+
     def __init__(self, path: str | Path, batch_size: int = 64, dtype: str = "float32", reuse_prefix: bool = True):
         self.path = Path(path)
         if not (self.path / "config.json").exists():
@@ -99,7 +107,9 @@ class HFGenerator:
         return key if key in self._kept and tuple(ids[: len(key)]) == key else None
 
     @torch.inference_mode()
-    def generate(self, conversations: list[list[Message]], sampling: SamplingParams, seed: int) -> list[str]:
+    def generate(self, conversations: list[list[Message]], sampling: SamplingParams, seeds: list[int]) -> list[Completion]:
+        if len(seeds) != len(conversations):
+            raise ValueError(f"{len(conversations)} conversations but {len(seeds)} seeds")
         items = []
         for c in conversations:
             ids = self._ids(c, generation_prompt=True)
@@ -109,7 +119,7 @@ class HFGenerator:
             self.stats["prompt_tokens_reused"] += len(key) if key else 0
         # Dialogues that continue a kept one (a few new tokens each) and dialogues encoded in
         # full never share a batch, and within each, similar lengths do: less padding. The order
-        # is a pure function of the inputs, so a fixed seed still gives the same texts.
+        # never changes a text: each row samples from its own seed.
         new_len = [len(ids) - (len(key) if key else 0) for ids, key in items]
         batches = []
         for continued in (True, False):
@@ -117,14 +127,14 @@ class HFGenerator:
             batches += [group[s : s + self.batch_size] for s in range(0, len(group), self.batch_size)]
         out: list[str] = [""] * len(items)
         kept: dict[tuple[int, ...], _Kept] = {}
-        for b, idx in enumerate(batches):
-            rng = torch.Generator().manual_seed(seed * 1_000_003 + b)
-            texts, states = self._generate_batch([items[i] for i in idx], sampling, rng)
+        for idx in batches:
+            rngs = [random.Random(seeds[i]) for i in idx]
+            texts, states = self._generate_batch([items[i] for i in idx], sampling, rngs)
             for i, text, (tokens, state) in zip(idx, texts, states):
                 out[i] = text
                 kept[tokens] = state
         self._kept = kept if self.reuse_prefix else {}
-        return out
+        return [Completion(text) for text in out]
 
     def _prefill(self, items: list[tuple[list[int], tuple[int, ...] | None]], room: int):
         """Encodes each row's new tokens after its kept state. Returns the cache (with `room`
@@ -162,14 +172,14 @@ class HFGenerator:
         logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, past_key_values=past, use_cache=True, logits_to_keep=1).logits
         return past, mask, logits, positions[:, -1] + 1
 
-    def _generate_batch(self, items: list[tuple[list[int], tuple[int, ...] | None]], sampling: SamplingParams, rng: torch.Generator):
+    def _generate_batch(self, items: list[tuple[list[int], tuple[int, ...] | None]], sampling: SamplingParams, rngs: list[random.Random]):
         pad, eos = self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
         past, mask, logits, next_pos = self._prefill(items, sampling.max_new_tokens)
         B, start = len(items), mask.shape[1] - sampling.max_new_tokens
         generated: list[list[int]] = [[] for _ in range(B)]
         live = torch.ones(B, dtype=torch.bool)
         for step in range(sampling.max_new_tokens):
-            token = sample(logits[:, -1].float(), sampling, rng).masked_fill(~live, pad)
+            token = sample(logits[:, -1].float(), sampling, rngs).masked_fill(~live, pad)
             for r in live.nonzero().flatten().tolist():
                 generated[r].append(int(token[r]))
             # Every sampled token is fed back, so the kept state covers the reply through its

@@ -47,6 +47,7 @@ class Episode:
     messages: list[Message] = field(default_factory=list)
     turns: list[dict] = field(default_factory=list)
     parse_failures: int = 0
+    generation_failures: int = 0  # turns whose generation failed after the backend's retries
     policy_id: str = ""
     # Lineage of a regenerated episode: the logged trajectory, turn and relabel it branched from.
     source: str = "policy"
@@ -158,7 +159,18 @@ class LMAgent:
     def act(self, episodes: Sequence[Episode], step_seed: int) -> list[str]:
         for ep in episodes:
             ep.policy_id = self.generator.model_id
-        return self.generator.generate([e.messages for e in episodes], self.sampling, step_seed)
+        # Each turn's seed comes from its episode, not the batch: an episode plays the same
+        # whichever episodes share its batch (or were served from the response cache).
+        seeds = [derive_seed(ep.seed, "turn", len(ep.turns)) for ep in episodes]
+        completions = self.generator.generate([e.messages for e in episodes], self.sampling, seeds)
+        texts = []
+        for ep, c in zip(episodes, completions, strict=True):
+            if not c.ok:
+                # The backend gave up on this turn: it is played as an empty (unparseable)
+                # action and counted, so the episode's row still says what happened.
+                ep.generation_failures += 1
+            texts.append(c.text if c.ok else "")
+        return texts
 
 
 class ScriptedAgent:
@@ -215,6 +227,7 @@ def episode_stats(episodes: Sequence[Episode]) -> dict:
         "mean_return": sum(sum(t["reward"] for t in e.turns) for e in episodes) / n,
         "mean_turns": sum(len(e.turns) for e in episodes) / n,
         "parse_failure_rate": sum(e.parse_failures for e in episodes) / max(1, sum(len(e.turns) for e in episodes)),
+        "generation_failures": sum(e.generation_failures for e in episodes),
     }
 
 

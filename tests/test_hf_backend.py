@@ -1,4 +1,6 @@
 """The hf backend: a dialogue continued from its kept keys and values gives what a full encode gives."""
+import random
+
 import torch
 
 from models.base import SamplingParams
@@ -14,7 +16,7 @@ def _conversation(n: int) -> list[dict]:
 def test_a_continued_dialogue_matches_a_full_encode(tiny_model_dir):
     gen = HFGenerator(tiny_model_dir, batch_size=8)
     first = [_conversation(n) for n in (1, 3, 2)]
-    gen.generate(first, GREEDY, 0)  # replies cut at 6 tokens: kept under prompt + reply tokens
+    gen.generate(first, GREEDY, [0, 1, 2])  # replies cut at 6 tokens: kept under prompt + reply tokens
     keys = sorted(gen._kept, key=len)
     assert len(keys) == 3
     extra = gen.tokenizer("<|end|><|user|>Answer: no. Turn 2 of 20.<|end|><|assistant|>", add_special_tokens=False)["input_ids"]
@@ -25,15 +27,15 @@ def test_a_continued_dialogue_matches_a_full_encode(tiny_model_dir):
     _, _, logits_full, pos_full = fresh._prefill([(ids, None) for ids, _ in items], room=0)
     assert torch.equal(pos_continued, pos_full)
     torch.testing.assert_close(logits_continued, logits_full, atol=1e-4, rtol=1e-4)
-    continued, _ = gen._generate_batch(items, GREEDY, torch.Generator().manual_seed(0))
-    full, _ = fresh._generate_batch([(ids, None) for ids, _ in items], GREEDY, torch.Generator().manual_seed(0))
+    continued, _ = gen._generate_batch(items, GREEDY, [random.Random(0)] * 3)
+    full, _ = fresh._generate_batch([(ids, None) for ids, _ in items], GREEDY, [random.Random(0)] * 3)
     assert continued == full and any(continued)
 
 
 def test_single_turn_greedy_matches_transformers_generate(tiny_model_dir):
     gen = HFGenerator(tiny_model_dir, batch_size=8)
     convs = [_conversation(n) for n in (1, 4)]
-    ours = gen.generate(convs, GREEDY, 0)
+    ours = [c.text for c in gen.generate(convs, GREEDY, [0, 0])]
     tok = gen.tokenizer
     tok.padding_side = "left"
     texts = [tok.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in convs]
@@ -45,7 +47,21 @@ def test_single_turn_greedy_matches_transformers_generate(tiny_model_dir):
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    rng = torch.Generator().manual_seed(0)
-    draws = {int(sample(logits, SamplingParams(temperature=1.0, top_p=0.7), rng)) for _ in range(200)}
-    assert draws == {0, 1}
-    assert int(sample(logits, SamplingParams(temperature=0.0), rng)) == 0
+    rngs = [random.Random(0)]
+    draws = [int(sample(logits, SamplingParams(temperature=1.0, top_p=0.7), rngs)) for _ in range(2000)]
+    assert set(draws) == {0, 1}
+    # Renormalised over the kept set: 0.5 / 0.8 of the draws are token 0.
+    assert abs(draws.count(0) / len(draws) - 0.625) < 0.04
+    assert int(sample(logits, SamplingParams(temperature=0.0), rngs)) == 0
+
+
+def test_a_requests_text_does_not_depend_on_its_batch(tiny_model_dir):
+    """Per-request seeds: the same request gives the same text alone, in a batch, in any order."""
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8)
+    convs = [_conversation(n) for n in (1, 2, 3, 4)]
+    together = HFGenerator(tiny_model_dir, batch_size=8).generate(convs, sampling, [11, 12, 13, 14])
+    alone = [HFGenerator(tiny_model_dir, batch_size=8).generate([c], sampling, [s])[0] for c, s in zip(convs, [11, 12, 13, 14])]
+    reordered = HFGenerator(tiny_model_dir, batch_size=2).generate(convs[::-1], sampling, [14, 13, 12, 11])[::-1]
+    assert together == alone == reordered
+    other_seeds = HFGenerator(tiny_model_dir, batch_size=8).generate(convs, sampling, [21, 22, 23, 24])
+    assert other_seeds != together
