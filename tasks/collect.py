@@ -11,18 +11,19 @@ from pathlib import Path
 
 from envs.twenty_questions.kb import load_kb
 from models.base import SamplingParams
-from models.hf import HFGenerator
 from storage.parquet import write_table
 from storage.schema import to_table
 from tasks.params import Params
+from tasks.roles import generation_stats, policy_generator, require_oracle
 from tasks.rollout import LMAgent, derive_seed, new_episode, play, stats_by_split
 
 
 def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/trajectories.parquet and out_dir/metrics.json."""
+    require_oracle(params, "simulator")
     t0 = time.time()
     c, kb = params.collect, load_kb()
-    generator = HFGenerator(model_dir, batch_size=c.batch_size, dtype=params.roles.policy.dtype)
+    generator = policy_generator(params, model_dir, c.batch_size)
     agent = LMAgent(generator, SamplingParams(**c.sampling.model_dump()))
     episodes = [
         new_episode(kb, task, split, derive_seed(params.seed, "collect", split, task.name, k), params.env.max_turns, params.env.show_candidates)
@@ -38,7 +39,7 @@ def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
         "trajectories": len(rows),
         "tasks": len({(r["split"], r["task_id"]) for r in rows}),
         **stats_by_split(episodes),
-        "prompt_tokens": generator.stats,  # how many the hf backend reused from the previous turn
+        **generation_stats(generator),  # cache hits; prompt tokens the hf backend reused from the previous turn
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from envs.twenty_questions.kb import load_kb
 from models.base import SamplingParams
-from models.hf import HFGenerator
 from storage.parquet import write_table
 from storage.schema import to_table
 from tasks.params import Params
+from tasks.roles import policy_generator, require_oracle
 from tasks.rollout import Episode, LMAgent, derive_seed, new_episode, play
 
 
@@ -48,6 +48,7 @@ def policies(params: Params, train_dir: Path) -> dict[str, Path]:
 
 def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/metrics.json, out_dir/episodes.parquet and out_dir/plots/success_<split>.json."""
+    require_oracle(params, "simulator")
     t0 = time.time()
     e, kb = params.evaluate, load_kb()
     results, rows = {}, []
@@ -58,7 +59,7 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
             for task in kb.split(split)[: e.limit_tasks]
             for k in range(e.episodes_per_task)
         ]
-        generator = HFGenerator(model_dir, batch_size=e.batch_size, dtype=params.roles.policy.dtype)
+        generator = policy_generator(params, model_dir, e.batch_size)
         play(episodes, LMAgent(generator, SamplingParams(**e.sampling.model_dump())), derive_seed(params.seed, "evaluate"), f"evaluate {name}")
         results[name] = {
             "policy_id": generator.model_id,

@@ -16,10 +16,12 @@ from envs.twenty_questions.labeler import label_trajectory
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
+from tasks.roles import require_oracle
 
 
 def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> dict:
     """Labels every row of every trajectories table given; writes labels.parquet and metrics.json."""
+    require_oracle(params, "labeler")
     t0 = time.time()
     kb = load_kb()
     rows, statuses, mismatches, successes = [], Counter(), 0, Counter()

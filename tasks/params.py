@@ -20,34 +20,76 @@ class EnvParams(Strict):
     show_candidates: bool = False
 
 
-class PolicyRole(Strict):
-    backend: Literal["hf"]
-    model: str  # a Hugging Face model directory
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # auto: bfloat16 only where the hardware runs it
+Backend = Literal["oracle", "hf", "vllm", "openai"]
 
 
-class SimulatorRole(Strict):
-    backend: Literal["oracle"]  # the knowledge-base oracle, which sees the secret
+class RoleSampling(Strict):
+    temperature: float = Field(0.7, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_new_tokens: int = Field(256, ge=1)
 
 
-class SummarizerRole(Strict):
-    backend: Literal["oracle"]  # the environment's summarizer, which sees the secret
+class RoleParams(Strict):
+    """One role: the environment's own oracle, or an LLM on a backend. Switching a role between
+    them is an edit of `backend` (and `model`) here."""
+
+    backend: Backend
+    model: str | None = None  # hf/vllm: a model directory (or hub id where a hub is reachable); openai: the served name
+    base_url: str | None = None  # openai: the endpoint, e.g. http://127.0.0.1:8000/v1
+    api_key_env: str | None = None  # openai: the NAME of the environment variable holding the key, never the key
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # hf/vllm; auto: bfloat16 only where the hardware runs it
+    sampling: RoleSampling = RoleSampling()  # every role but the policy (whose sampling is per stage)
+    seed: int = 0  # mixed into every request's seed, so a role can be resampled alone
+    batch_size: int = Field(64, ge=1)  # hf/vllm: requests generated together
+    concurrency: int = Field(8, ge=1)  # openai: requests in flight
+    timeout: float = Field(60.0, gt=0)  # openai: seconds per attempt
+    max_retries: int = Field(4, ge=0)  # openai: retries with backoff on 429, 5xx, timeouts
+    parse_attempts: int = Field(3, ge=1)  # an output that does not parse is sampled again, this many times in all
+    max_failure_rate: float = Field(0.05, ge=0, le=1)  # the stage fails when more of its calls fail than this
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)  # vllm: share of GPU memory (on CPU, sizes the KV cache)
+    max_model_len: int | None = Field(None, ge=64)  # vllm
+    tensor_parallel_size: int = Field(1, ge=1)  # vllm on several GPUs
+
+    @model_validator(mode="after")
+    def _backend_needs(self) -> "RoleParams":
+        if self.backend in ("hf", "vllm", "openai") and not self.model:
+            raise ValueError(f"backend {self.backend} needs a model")
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("backend openai needs a base_url")
+        return self
 
 
-class ProposerRole(Strict):
-    backend: Literal["oracle"]  # the environment's hindsight proposer, which sees the secret
+class PolicyRole(RoleParams):
+    backend: Literal["hf", "vllm", "openai"]
 
 
-class LabelerRole(Strict):
-    backend: Literal["oracle"]  # the environment's return, recomputed by replaying the actions
+class ForwardRole(RoleParams):
+    # policy: the current policy plays on from the spliced action against the simulator (HOPE);
+    # an LLM backend writes the rest of the dialogue itself, both sides (HR's forward model).
+    backend: Literal["policy", "oracle", "hf", "vllm", "openai"]  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _policy_is_builtin(self) -> "ForwardRole":
+        if self.backend == "oracle":
+            raise ValueError("the forward role has no oracle; use backend: policy")
+        return self
+
+
+class LabelerRole(RoleParams):
+    few_shot: int = Field(4, ge=0)  # HR: labelled examples sampled from the original trajectories
 
 
 class Roles(Strict):
     policy: PolicyRole
-    simulator: SimulatorRole
-    summarizer: SummarizerRole
-    proposer: ProposerRole
+    simulator: RoleParams
+    summarizer: RoleParams
+    proposer: RoleParams
+    forward: ForwardRole = ForwardRole(backend="policy")
     labeler: LabelerRole
+
+
+class CacheParams(Strict):
+    path: str = ".retrosight/cache/responses.sqlite"  # every LLM role's responses; a memo, not versioned data
 
 
 class NoisyParams(Strict):
@@ -190,6 +232,7 @@ class Params(Strict):
     seed: int
     env: EnvParams
     roles: Roles
+    cache: CacheParams = CacheParams()
     bootstrap: BootstrapParams
     collect: CollectParams
     relabel: RelabelParams

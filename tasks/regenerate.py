@@ -12,10 +12,10 @@ from pathlib import Path
 
 from envs.twenty_questions.kb import load_kb
 from models.base import SamplingParams
-from models.hf import HFGenerator
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
+from tasks.roles import generation_stats, policy_generator, require_oracle
 from tasks.rollout import Episode, LMAgent, derive_seed, episode_from_prefix, episode_stats, play
 
 
@@ -33,6 +33,7 @@ def splice(params: Params, parent: dict, relabel: dict) -> Episode:
 
 def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/trajectories.parquet (source = regeneration) and out_dir/metrics.json."""
+    require_oracle(params, "forward")
     t0 = time.time()
     g = params.regenerate
     parents = {t["trajectory_id"]: t for t in read_table(trajectories, "trajectories").to_pylist()}
@@ -40,7 +41,7 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
     missing = [r["relabel_id"] for r in relabel_rows if r["trajectory_id"] not in parents]
     if missing:
         raise ValueError(f"{relabels}: {len(missing)} relabels name a trajectory not in {trajectories} (first: relabel {missing[0]})")
-    generator = HFGenerator(model_dir, batch_size=g.batch_size, dtype=params.roles.policy.dtype)
+    generator = policy_generator(params, model_dir, g.batch_size)
     episodes = [splice(params, parents[r["trajectory_id"]], r) for r in relabel_rows]
     for ep in episodes:
         ep.policy_id = generator.model_id  # the continuation's policy (the prefix is the parent's)
@@ -58,7 +59,7 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
             "success_rate": sum(bool(p["success"]) for p in used_parents) / max(1, len(used_parents)),
             "mean_return": sum(p["return"] for p in used_parents) / max(1, len(used_parents)),
         },
-        "prompt_tokens": generator.stats,
+        **generation_stats(generator),
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")

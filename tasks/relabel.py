@@ -24,6 +24,7 @@ from envs.twenty_questions.proposer import VERSION, OracleProposer, Proposal, sa
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
+from tasks.roles import require_oracle
 from tasks.rollout import derive_seed
 
 
@@ -34,6 +35,7 @@ def window(num_turns: int, a: float, b: float) -> list[int]:
 
 def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Path) -> dict:
     """Writes out_dir/relabels.parquet and out_dir/metrics.json."""
+    require_oracle(params, "proposer")
     t0 = time.time()
     r, kb = params.relabel, load_kb()
     proposer = OracleProposer(kb)

@@ -14,10 +14,12 @@ from envs.twenty_questions.summarizer import VERSION, summarize_game
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
+from tasks.roles import require_oracle
 
 
 def run_summarize(params: Params, trajectories: Path, out_dir: Path) -> dict:
     """Reads a trajectories table; writes out_dir/summaries.parquet and out_dir/metrics.json."""
+    require_oracle(params, "summarizer")
     t0 = time.time()
     kb = load_kb()
     prompt_hash = hashlib.sha256(VERSION.encode()).hexdigest()[:12]

@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -40,6 +41,8 @@ def deep_update(d: dict, u: dict) -> dict:
 
 def tiny_params(overrides: dict | None = None) -> dict:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    # Each caller gets its own empty response cache: a test never reads another's responses.
+    raw["cache"] = {"path": str(Path(tempfile.mkdtemp(prefix="retrosight-cache-")) / "responses.sqlite")}
     return deep_update(deep_update(raw, TINY), overrides or {})
 
 
@@ -72,7 +75,7 @@ def project(tmp_path: Path) -> Path:
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".dvcignore"):
         shutil.copy(ROOT / name, repo / name)
-    (repo / "params.yaml").write_text(yaml.safe_dump(tiny_params(), sort_keys=False))
+    (repo / "params.yaml").write_text(yaml.safe_dump(tiny_params({"cache": {"path": ".retrosight/cache/responses.sqlite"}}), sort_keys=False))
     run(["git", "init", "-q"], repo)
     run([str(BIN / "dvc"), "init", "-q"], repo)
     shutil.copy(ROOT / ".dvcignore", repo / ".dvcignore")

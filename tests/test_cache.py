@@ -30,11 +30,11 @@ def test_a_rerun_makes_no_backend_call_and_gets_the_same_texts(tiny_model_dir, t
     gen = CachedGenerator(backend, cache)
     convs, seeds = _convs(4), [1, 2, 3, 4]
     first = gen.generate(convs, SAMPLING, seeds)
-    assert backend.requests == 4 and gen.stats["misses"] == 4 and len(cache) == 4
+    assert backend.requests == 4 and gen.cache_stats["misses"] == 4 and len(cache) == 4
 
     again = CachedGenerator(backend, ResponseCache(tmp_path / "cache.sqlite"))  # a new run, same file
     assert again.generate(convs, SAMPLING, seeds) == first
-    assert backend.requests == 4 and again.stats == {**again.stats, "hits": 4, "misses": 0}
+    assert backend.requests == 4 and again.cache_stats == {**again.cache_stats, "hits": 4, "misses": 0}
 
     # Half cached, half new, in a new order: only the new ones are generated, each text the one
     # it would have had anyway (per-request seeds), in the caller's order.
@@ -76,11 +76,11 @@ def test_failures_are_returned_and_not_cached(tmp_path):
     backend = FailsOnce()
     gen = CachedGenerator(backend, ResponseCache(tmp_path / "c.sqlite"))
     out = gen.generate(_convs(2), SAMPLING, [5, 6])
-    assert [c.ok for c in out] == [False, False] and gen.stats["failures"] == 2
+    assert [c.ok for c in out] == [False, False] and gen.cache_stats["failures"] == 2
     assert [c.text for c in gen.generate(_convs(2), SAMPLING, [5, 6])] == ["answer 5", "answer 6"]
-    assert backend.calls == 2 and gen.stats["hits"] == 0
+    assert backend.calls == 2 and gen.cache_stats["hits"] == 0
     gen.generate(_convs(2), SAMPLING, [5, 6])
-    assert backend.calls == 2 and gen.stats["hits"] == 2
+    assert backend.calls == 2 and gen.cache_stats["hits"] == 2
 
 
 def _writer(path: str, worker: int) -> None:

@@ -43,3 +43,27 @@ def test_out_of_range_is_named(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(ParamsError, match="not found"):
         load_params(tmp_path / "nope.yaml")
+
+
+def test_a_role_switches_backend_by_an_edit(tmp_path):
+    def to_openai(r):
+        r["roles"]["summarizer"] = {"backend": "openai", "model": "llama-3.2-3b", "base_url": "http://127.0.0.1:8000/v1", "api_key_env": "MY_KEY"}
+
+    p = load_params(_write(tmp_path, to_openai))
+    assert p.roles.summarizer.backend == "openai" and p.roles.summarizer.api_key_env == "MY_KEY"
+    assert p.roles.summarizer.sampling.max_new_tokens > 0  # defaults fill the rest
+
+
+@pytest.mark.parametrize(
+    "role, entry, message",
+    [
+        ("summarizer", {"backend": "vllm"}, r"roles\.summarizer.*needs a model"),
+        ("proposer", {"backend": "openai", "model": "m"}, r"roles\.proposer.*needs a base_url"),
+        ("policy", {"backend": "oracle"}, r"roles\.policy\.backend"),
+        ("forward", {"backend": "oracle"}, r"roles\.forward.*use backend: policy"),
+        ("labeler", {"backend": "hf", "model": "m", "api_key": "sk-123"}, r"roles\.labeler\.api_key: unknown key"),
+    ],
+)
+def test_bad_roles_are_named(tmp_path, role, entry, message):
+    with pytest.raises(ParamsError, match=message):
+        load_params(_write(tmp_path, lambda r: r["roles"].update({role: entry})))

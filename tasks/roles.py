@@ -1,0 +1,151 @@
+"""Roles on backends: build a role's generator (behind the shared response cache), call it with
+parsing and retries, and account for every call.
+
+A role's output that does not parse is sampled again with a new seed, up to `parse_attempts`
+in all; a request the backend gave up on is not retried here (the backend has its own retries).
+Each request ends as ok, invalid (never parsed) or failed (no text), with its reason, and a
+stage fails when more than `max_failure_rate` of its requests did not end ok.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, Literal, TypeVar
+
+from models.base import Completion, Generator, Message, SamplingParams
+from models.cache import CachedGenerator, ResponseCache
+from tasks.params import Params, RoleParams
+from tasks.rollout import derive_seed
+
+T = TypeVar("T")
+
+
+class RoleFailure(RuntimeError):
+    """A stage's role failed on more requests than its max_failure_rate allows."""
+
+
+def make_generator(role: RoleParams, cache_path: str | Path | None, model: str | Path | None = None, batch_size: int | None = None) -> Generator:
+    """The role's backend, behind the response cache (None: uncached). `model` overrides the
+    role's model (evaluate plays each trained checkpoint with the policy role's backend)."""
+    path = str(model or role.model)
+    if role.backend == "hf":
+        from models.hf import HFGenerator
+
+        gen: Generator = HFGenerator(path, batch_size=batch_size or role.batch_size, dtype=role.dtype)
+    elif role.backend == "vllm":
+        from models.vllm import VLLMGenerator
+
+        gen = VLLMGenerator(
+            path,
+            dtype=role.dtype,
+            max_model_len=role.max_model_len,
+            gpu_memory_utilization=role.gpu_memory_utilization,
+            tensor_parallel_size=role.tensor_parallel_size,
+        )
+    elif role.backend == "openai":
+        from models.openai import OpenAIGenerator
+
+        gen = OpenAIGenerator(
+            role.base_url,
+            path,
+            api_key_env=role.api_key_env,
+            concurrency=role.concurrency,
+            timeout=role.timeout,
+            max_retries=role.max_retries,
+        )
+    else:
+        raise ValueError(f"backend {role.backend!r} does not generate text")
+    return CachedGenerator(gen, ResponseCache(cache_path)) if cache_path else gen
+
+
+def role_sampling(role: RoleParams) -> SamplingParams:
+    return SamplingParams(**role.sampling.model_dump())
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    status: Literal["ok", "invalid", "failed"]
+    value: T | None  # the parsed output when ok
+    text: str  # the last raw output ("" when the backend gave up)
+    attempts: int
+    reason: str | None  # why it is not ok
+
+
+def call_parsed(
+    gen: Generator,
+    prompts: list[list[Message]],
+    seeds: list[int],
+    parse: Callable[[str], T],
+    sampling: SamplingParams,
+    attempts: int,
+) -> list[Outcome[T]]:
+    """One outcome per prompt, in order. `parse` raises ValueError (with a message saying what
+    is wrong) on output it cannot use."""
+    out: list[Outcome[T] | None] = [None] * len(prompts)
+    last: dict[int, tuple[str, str]] = {}
+    pending = list(range(len(prompts)))
+    for attempt in range(attempts):
+        if not pending:
+            break
+        # Attempt 0 uses the request's own seed, so the first answer is the cached one.
+        tries = [seeds[i] if attempt == 0 else derive_seed(seeds[i], "attempt", attempt) for i in pending]
+        completions: list[Completion] = gen.generate([prompts[i] for i in pending], sampling, tries)
+        still = []
+        for i, c in zip(pending, completions, strict=True):
+            if not c.ok:
+                out[i] = Outcome("failed", None, "", attempt + 1, c.error)
+                continue
+            try:
+                out[i] = Outcome("ok", parse(c.text), c.text, attempt + 1, None)
+            except ValueError as e:
+                last[i] = (c.text, str(e))
+                still.append(i)
+        pending = still
+    for i in pending:
+        text, why = last[i]
+        out[i] = Outcome("invalid", None, text, attempts, f"unparseable after {attempts} attempts: {why}")
+    return out  # type: ignore[return-value]
+
+
+def account(outcomes: list[Outcome], gen: Generator | None = None) -> dict:
+    """Counts for a stage's metrics: how the requests ended, attempts, cache hits and misses."""
+    n = len(outcomes)
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("ok", "invalid", "failed")}
+    stats = {"requests": n, **counts, "attempts": sum(o.attempts for o in outcomes), "failure_rate": round((n - counts["ok"]) / n, 4) if n else 0.0}
+    if gen is not None:
+        stats.update(generation_stats(gen))
+    return stats
+
+
+def check_failure_rate(stage: str, role_name: str, role: RoleParams, stats: dict) -> None:
+    if stats["requests"] and stats["failure_rate"] > role.max_failure_rate:
+        raise RoleFailure(
+            f"{stage}: the {role_name} role failed on {stats['requests'] - stats['ok']} of {stats['requests']} requests "
+            f"({stats['invalid']} unparseable, {stats['failed']} with no answer from the backend), over its "
+            f"max_failure_rate {role.max_failure_rate}; see the stage's rows for each reason"
+        )
+
+
+def policy_generator(params: Params, model: str | Path | None = None, batch_size: int | None = None) -> Generator:
+    return make_generator(params.roles.policy, params.cache.path, model, batch_size)
+
+
+def generation_stats(gen: Generator) -> dict:
+    """What a stage reports of its generator: cache hits and misses, and the hf backend's reuse
+    of prompt tokens between turns."""
+    out = {}
+    if isinstance(gen, CachedGenerator):
+        out["cache"] = {k: round(v, 2) if isinstance(v, float) else v for k, v in gen.cache_stats.items()}
+        gen = gen.inner
+    if gen.backend == "hf":
+        out["prompt_tokens"] = dict(gen.stats)
+    return out
+
+
+def require_oracle(params: Params, *names: str) -> None:
+    """Stages whose LLM version is not built yet say so, rather than quietly using the oracle."""
+    for name in names:
+        backend = getattr(params.roles, name).backend
+        if backend not in ("oracle", "policy"):
+            raise NotImplementedError(f"roles.{name}.backend: {backend!r} is not supported by this stage yet; use oracle")

@@ -1,0 +1,61 @@
+"""Role calls: unparseable output is sampled again, then recorded with its reason; backend
+failures are recorded; a stage fails past its failure rate."""
+import pytest
+
+from models.base import Completion, SamplingParams
+from tasks.params import RoleParams
+from tasks.roles import RoleFailure, account, call_parsed, check_failure_rate
+
+SAMPLING = SamplingParams(temperature=1.0, max_new_tokens=8)
+
+
+class Scripted:
+    """Answers from a script per (prompt, attempt): a stand-in for a model's outputs, which the
+    real backends' own tests cover."""
+
+    backend, model_id = "openai", "scripted"
+
+    def __init__(self, script: dict[str, list[str | None]]):
+        self.script, self.seen = script, {}
+
+    def generate(self, convs, sampling, seeds):
+        out = []
+        for conv in convs:
+            key = conv[-1]["content"]
+            k = self.seen.get(key, 0)
+            self.seen[key] = k + 1
+            text = self.script[key][min(k, len(self.script[key]) - 1)]
+            out.append(Completion("", error="HTTP 500 after 5 attempts") if text is None else Completion(text))
+        return out
+
+
+def parse_score(text: str) -> int:
+    value = int(text.removeprefix("Score:").strip())  # ValueError on anything else
+    if not 0 <= value <= 10:
+        raise ValueError(f"score {value} outside 0..10")
+    return value
+
+
+def _prompts(*keys):
+    return [[{"role": "user", "content": k}] for k in keys]
+
+
+def test_outcomes_ok_retried_invalid_and_failed():
+    gen = Scripted({"a": ["Score: 7"], "b": ["Score: eleven", "Score: 11", "Score: 4"], "c": ["nonsense"], "d": [None]})
+    out = call_parsed(gen, _prompts("a", "b", "c", "d"), [1, 2, 3, 4], parse_score, SAMPLING, attempts=3)
+    assert [(o.status, o.value, o.attempts) for o in out] == [("ok", 7, 1), ("ok", 4, 3), ("invalid", None, 3), ("failed", None, 1)]
+    assert "unparseable after 3 attempts" in out[2].reason and out[2].text == "nonsense"
+    assert out[3].reason == "HTTP 500 after 5 attempts"
+    stats = account(out)
+    assert stats == {"requests": 4, "ok": 2, "invalid": 1, "failed": 1, "attempts": 8, "failure_rate": 0.5}
+
+
+def test_failure_rate_threshold():
+    role = RoleParams(backend="openai", model="m", base_url="http://x/v1", max_failure_rate=0.25)
+    gen = Scripted({"a": ["Score: 1"], "b": ["Score: 2"], "c": ["Score: 3"], "d": [None]})
+    stats = account(call_parsed(gen, _prompts("a", "b", "c", "d"), [0] * 4, parse_score, SAMPLING, 1))
+    check_failure_rate("label", "labeler", role, stats)  # 1 of 4 is at the threshold, not over
+    gen = Scripted({"a": ["Score: 1"], "b": ["bad"], "c": ["Score: 3"], "d": [None]})
+    stats = account(call_parsed(gen, _prompts("a", "b", "c", "d"), [0] * 4, parse_score, SAMPLING, 1))
+    with pytest.raises(RoleFailure, match=r"label: the labeler role failed on 2 of 4 requests \(1 unparseable, 1 with no answer"):
+        check_failure_rate("label", "labeler", role, stats)
