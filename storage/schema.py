@@ -75,14 +75,17 @@ QUARANTINE = TableSchema(
 
 SUMMARIES = TableSchema(
     "summaries",
-    1,
+    2,
     pa.schema(
         [
             _f("trajectory_id", pa.string()),  # the summarized trajectory
             _f("task_id", pa.string()),
-            _f("summary", pa.string()),
+            _f("summary", pa.string(), nullable=True),  # null when the summarizer gave none
+            _f("status", pa.string()),  # ok | invalid (unparseable after retries) | failed (no answer)
+            _f("reason", pa.string(), nullable=True),  # why the status is not ok
             _f("role", pa.string()),  # summarizer
             _f("backend", pa.string()),  # oracle | hf | vllm | openai
+            _f("model", pa.string()),  # the model id, or the oracle's version
             _f("prompt_hash", pa.string()),  # of the prompt template or summarizer version
         ]
     ),
@@ -114,7 +117,7 @@ RELABELS = TableSchema(
 
 LABELS = TableSchema(
     "labels",
-    1,
+    2,
     pa.schema(
         [
             _f("trajectory_id", pa.string()),
@@ -124,6 +127,8 @@ LABELS = TableSchema(
             _f("env_success", pa.bool_(), nullable=True),
             _f("reward", pa.float64(), nullable=True),  # the labelled reward; null when labelling failed
             _f("labeler", pa.string()),  # oracle | hf | vllm | openai
+            _f("model", pa.string()),  # the labeler's model id, or the oracle's version
+            _f("prompt_hash", pa.string()),  # of the prompt template
             _f("status", pa.string()),  # ok | failed
             _f("reason", pa.string()),
         ]

@@ -1,71 +1,133 @@
 """label (reward labeling): one reward per original and regenerated trajectory.
 
 The environment's logged return and the labelled reward are separate columns, so an LLM labeler
-(a later role backend) can be compared with the ground truth wherever one exists. A trajectory
-that cannot be labelled keeps a null reward with status "failed" and the reason.
+can be measured against the ground truth wherever one exists (calibration in the metrics). The
+oracle labeler replays the actions; an LLM labeler follows HR's recipe: the task's description,
+`few_shot` labelled games sampled uniformly from the original trajectories, then the game to
+label (prompts/labeler.j2). A trajectory that cannot be labelled keeps a null reward with its
+status and reason.
 """
 from __future__ import annotations
 
 import json
+import math
+import random
 import time
 from collections import Counter
 from pathlib import Path
 
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.labeler import label_trajectory
+from envs.twenty_questions.llm_roles import chat, dialogue, parse_reward, template_hash
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
-from tasks.roles import require_oracle
+from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
+from tasks.rollout import derive_seed
+
+ORACLE_VERSION = "oracle-labeler-v1"
+
+
+def _oracle_labels(params: Params, trajs: list[dict]) -> list[tuple[float | None, str, str | None]]:
+    kb, out = load_kb(), []
+    for t in trajs:
+        label = label_trajectory(kb, t["task_id"], [turn["action"] for turn in t["turns"]], params.env.max_turns)
+        reason = label.reason
+        if label.reward is not None and t["return"] is not None and t["return"] != label.reward:
+            reason += f" (the logged return was {t['return']:g})"
+        out.append((label.reward, "ok" if label.reward is not None else "failed", reason))
+    return out
+
+
+def _history(t: dict) -> list[tuple[str, str]]:
+    return [(turn["action"], turn["observation"]) for turn in t["turns"]]
+
+
+def _llm_labels(params: Params, trajs: list[dict], gen) -> tuple[list[tuple[float | None, str, str | None]], dict]:
+    role, T = params.roles.labeler, params.env.max_turns
+    # Few-shot examples come from the original (logged) trajectories with a known return.
+    pool = [t for t in trajs if t["source"] != "regeneration" and t["return"] is not None]
+    prompts, seeds = [], []
+    for t in trajs:
+        rng = random.Random(derive_seed(role.seed, "label-shots", t["trajectory_id"]))
+        others = [p for p in pool if p["trajectory_id"] != t["trajectory_id"]]
+        shots = rng.sample(others, min(role.few_shot, len(others)))
+        examples = [{"dialogue": dialogue(_history(s)), "reward": s["return"]} for s in shots]
+        prompts.append(chat("labeler.j2", max_turns=T, examples=examples, dialogue=dialogue(_history(t))))
+        seeds.append(derive_seed(role.seed, "label", t["trajectory_id"]))
+    outcomes = call_parsed(gen, prompts, seeds, lambda text: parse_reward(text, -T, 0), role_sampling(role), role.parse_attempts)
+    return [(o.value, o.status, o.reason) for o in outcomes], account(outcomes, gen)
+
+
+def calibration(rows: list[dict], max_turns: int) -> dict:
+    """Labelled reward against the environment's, where both exist: Pearson correlation, mean
+    absolute error, and agreement on success (a reward above -max_turns means a win)."""
+    pairs = [(r["env_reward"], r["reward"], r["env_success"]) for r in rows if r["reward"] is not None and r["env_reward"] is not None]
+    if not pairs:
+        return {"pairs": 0}
+    env, lab = [p[0] for p in pairs], [p[1] for p in pairs]
+    n, me, ml = len(pairs), sum(env) / len(env), sum(lab) / len(lab)
+    cov = sum((a - me) * (b - ml) for a, b in zip(env, lab))
+    se, sl = math.sqrt(sum((a - me) ** 2 for a in env)), math.sqrt(sum((b - ml) ** 2 for b in lab))
+    return {
+        "pairs": n,
+        "pearson": round(cov / (se * sl), 4) if se > 0 and sl > 0 else None,  # undefined when either side is constant
+        "mae": round(sum(abs(a - b) for a, b in zip(env, lab)) / n, 4),
+        "success_agreement": round(sum((b > -max_turns) == bool(s) for _, b, s in pairs) / n, 4),
+    }
 
 
 def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> dict:
     """Labels every row of every trajectories table given; writes labels.parquet and metrics.json."""
-    require_oracle(params, "labeler")
     t0 = time.time()
-    kb = load_kb()
-    rows, statuses, mismatches, successes = [], Counter(), 0, Counter()
-    for path in trajectory_files:
-        for t in read_table(path, "trajectories").to_pylist():
-            label = label_trajectory(kb, t["task_id"], [turn["action"] for turn in t["turns"]], params.env.max_turns)
-            status = "ok" if label.reward is not None else "failed"
-            reason = label.reason
-            if status == "ok" and t["return"] is not None and t["return"] != label.reward:
-                mismatches += 1
-                reason += f" (the logged return was {t['return']:g})"
-            statuses[status] += 1
-            successes[t["source"]] += bool(label.success)
-            rows.append(
-                {
-                    "trajectory_id": t["trajectory_id"],
-                    "task_id": t["task_id"],
-                    "source": t["source"],
-                    "env_reward": t["return"],
-                    "env_success": t["success"],
-                    "reward": label.reward,
-                    "labeler": params.roles.labeler.backend,
-                    "status": status,
-                    "reason": reason,
-                }
-            )
-    ids = Counter(r["trajectory_id"] for r in rows)
+    role = params.roles.labeler
+    trajs = [t for path in trajectory_files for t in read_table(path, "trajectories").to_pylist()]
+    ids = Counter(t["trajectory_id"] for t in trajs)
     dup = next((i for i, c in ids.items() if c > 1), None)
     if dup:
         raise ValueError(f"trajectory {dup} appears in more than one input table; labels are keyed by trajectory_id")
+    calls = None
+    if role.backend == "oracle":
+        labels, model, prompt_hash = _oracle_labels(params, trajs), ORACLE_VERSION, ORACLE_VERSION
+    else:
+        gen = make_generator(role, params.cache.path)
+        labels, calls = _llm_labels(params, trajs, gen)
+        model, prompt_hash = gen.model_id, template_hash("labeler.j2")
+    rows = [
+        {
+            "trajectory_id": t["trajectory_id"],
+            "task_id": t["task_id"],
+            "source": t["source"],
+            "env_reward": t["return"],
+            "env_success": t["success"],
+            "reward": reward,
+            "labeler": role.backend,
+            "model": model,
+            "prompt_hash": prompt_hash,
+            "status": status,
+            "reason": reason or "",
+        }
+        for t, (reward, status, reason) in zip(trajs, labels)
+    ]
     rows.sort(key=lambda r: r["trajectory_id"])
     write_table(to_table(rows, "labels"), out_dir / "labels.parquet", "labels")
     by_source = Counter(r["source"] for r in rows)
     ok = [r for r in rows if r["status"] == "ok"]
+    T = params.env.max_turns
     metrics = {
         "labels": len(rows),
         "by_source": dict(sorted(by_source.items())),
-        "status": dict(sorted(statuses.items())),
-        "logged_return_mismatches": mismatches,
+        "status": dict(sorted(Counter(r["status"] for r in rows).items())),
+        "logged_return_mismatches": sum(r["reward"] is not None and r["env_reward"] is not None and r["reward"] != r["env_reward"] for r in rows),
         "mean_reward": {s: _mean([r["reward"] for r in ok if r["source"] == s]) for s in sorted(by_source)},
-        "success_rate": {s: round(successes[s] / by_source[s], 4) for s in sorted(by_source)},
+        "success_rate": {s: round(sum(r["reward"] > -T for r in ok if r["source"] == s) / by_source[s], 4) for s in sorted(by_source)},
+        "calibration": calibration(rows, T),
+        **({"calls": calls} if calls else {}),
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    if calls:
+        check_failure_rate("label", "labeler", role, calls)
     return metrics
 
 

@@ -39,7 +39,8 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
     t0 = time.time()
     r, kb = params.relabel, load_kb()
     proposer = OracleProposer(kb)
-    summary_of = {s["trajectory_id"]: s["summary"] for s in read_table(summaries, "summaries").to_pylist()}
+    # A trajectory whose summary failed has none: it is skipped and counted.
+    summary_of = {s["trajectory_id"]: s["summary"] for s in read_table(summaries, "summaries").to_pylist() if s["status"] == "ok"}
     trajs = [t for t in read_table(trajectories, "trajectories").to_pylist() if t["split"] in r.splits]
     keys = ("trajectories_relabelled", "skipped_no_summary", "empty_window", "no_place_to_improve", "timesteps", "proposed", "dropped_equal")
     counts = defaultdict(int, trajectories_in=len(trajs), **dict.fromkeys(keys, 0))

@@ -1,6 +1,8 @@
 """summarize: one short summary per trajectory (HOPE's pi_sum), the proposer's hindsight input.
 
-The oracle summarizer sees the secret; LLM summarizers arrive with the LLM roles.
+The oracle summarizer writes it from the environment's hidden state; an LLM summarizer is shown
+the game, the secret and its category (prompts/summary.j2). A summary the LLM could not give
+keeps its row with a null summary, the status and the reason; relabel skips it.
 """
 from __future__ import annotations
 
@@ -10,34 +12,58 @@ import time
 from pathlib import Path
 
 from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.llm_roles import chat, dialogue, parse_summary, template_hash
 from envs.twenty_questions.summarizer import VERSION, summarize_game
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
-from tasks.roles import require_oracle
+from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
+from tasks.rollout import derive_seed
 
 
 def run_summarize(params: Params, trajectories: Path, out_dir: Path) -> dict:
     """Reads a trajectories table; writes out_dir/summaries.parquet and out_dir/metrics.json."""
-    require_oracle(params, "summarizer")
     t0 = time.time()
-    kb = load_kb()
-    prompt_hash = hashlib.sha256(VERSION.encode()).hexdigest()[:12]
-    rows = []
-    for traj in read_table(trajectories, "trajectories").to_pylist():
-        history = [(t["action"], t["observation"]) for t in traj["turns"]]
-        rows.append(
-            {
-                "trajectory_id": traj["trajectory_id"],
-                "task_id": traj["task_id"],
-                "summary": summarize_game(kb, kb.get(traj["task_id"]), history, bool(traj["success"])),
-                "role": "summarizer",
-                "backend": params.roles.summarizer.backend,
-                "prompt_hash": prompt_hash,
-            }
-        )
+    kb, role = load_kb(), params.roles.summarizer
+    trajs = read_table(trajectories, "trajectories").to_pylist()
+    histories = [[(t["action"], t["observation"]) for t in traj["turns"]] for traj in trajs]
+    metrics: dict = {}
+    if role.backend == "oracle":
+        model, prompt_hash = VERSION, hashlib.sha256(VERSION.encode()).hexdigest()[:12]
+        results = [(summarize_game(kb, kb.get(t["task_id"]), h, bool(t["success"])), "ok", None) for t, h in zip(trajs, histories)]
+    else:
+        gen = make_generator(role, params.cache.path)
+        model, prompt_hash = gen.model_id, template_hash("summary.j2")
+        candidates = None
+        prompts = []
+        for t, h in zip(trajs, histories):
+            secret = kb.get(t["task_id"])
+            if params.env.show_candidates:
+                candidates = [e.name for e in kb.split(t["split"])]
+            prompts.append(chat("summary.j2", history=dialogue(h), secret=secret.name, category=secret.category, success=bool(t["success"]), candidates=candidates))
+        seeds = [derive_seed(role.seed, "summarize", t["trajectory_id"]) for t in trajs]
+        outcomes = call_parsed(gen, prompts, seeds, parse_summary, role_sampling(role), role.parse_attempts)
+        results = [(o.value, o.status, o.reason) for o in outcomes]
+        metrics["calls"] = account(outcomes, gen)
+    rows = [
+        {
+            "trajectory_id": t["trajectory_id"],
+            "task_id": t["task_id"],
+            "summary": summary,
+            "status": status,
+            "reason": reason,
+            "role": "summarizer",
+            "backend": role.backend,
+            "model": model,
+            "prompt_hash": prompt_hash,
+        }
+        for t, (summary, status, reason) in zip(trajs, results)
+    ]
     rows.sort(key=lambda r: r["trajectory_id"])
     write_table(to_table(rows, "summaries"), out_dir / "summaries.parquet", "summaries")
-    metrics = {"summaries": len(rows), "trajectories": len(rows), "seconds": round(time.time() - t0, 1)}
+    ok = sum(r["status"] == "ok" for r in rows)
+    metrics = {"trajectories": len(rows), "summaries": ok, "not_summarized": len(rows) - ok, **metrics, "seconds": round(time.time() - t0, 1)}
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    if "calls" in metrics:
+        check_failure_rate("summarize", "summarizer", role, metrics["calls"])
     return metrics

@@ -59,3 +59,52 @@ def test_failure_rate_threshold():
     stats = account(call_parsed(gen, _prompts("a", "b", "c", "d"), [0] * 4, parse_score, SAMPLING, 1))
     with pytest.raises(RoleFailure, match=r"label: the labeler role failed on 2 of 4 requests \(1 unparseable, 1 with no answer"):
         check_failure_rate("label", "labeler", role, stats)
+
+
+def test_llm_summarizer_and_labeler_on_hf_account_for_every_row(tiny_model_dir, tmp_path):
+    """The summarize and label stages with an LLM role (the untrained tiny model on hf): its
+    output is gibberish, so rows end invalid with their reasons, the stage fails past its failure
+    rate, and a rerun is served entirely from the cache."""
+    import pyarrow.parquet as pq
+
+    from conftest import tiny_params
+    from envs.twenty_questions.kb import load_kb
+    from storage.parquet import write_table
+    from storage.schema import to_table
+    from tasks.label import run_label
+    from tasks.params import Params
+    from tasks.rollout import ScriptedAgent, new_episode, play
+    from tasks.summarize import run_summarize
+    from envs.twenty_questions.policies import NoisyPolicy
+
+    kb = load_kb()
+    eps = [new_episode(kb, task, "train", k, 6, False) for task in kb.split("train")[:3] for k in range(2)]
+    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    trajs = tmp_path / "trajectories.parquet"
+    write_table(to_table([e.to_row() for e in eps], "trajectories"), trajs, "trajectories")
+    llm = {"backend": "hf", "model": str(tiny_model_dir), "sampling": {"max_new_tokens": 12}, "parse_attempts": 2, "max_failure_rate": 1.0}
+    p = Params.model_validate(tiny_params({"env": {"max_turns": 6}, "roles": {"summarizer": llm, "labeler": {**llm, "few_shot": 2}}}))
+
+    m = run_summarize(p, trajs, tmp_path / "summarize")
+    rows = pq.read_table(tmp_path / "summarize/summaries.parquet").to_pylist()
+    assert len(rows) == 6 == m["trajectories"] == m["summaries"] + m["not_summarized"]
+    assert all((r["status"] == "ok") == (r["summary"] is not None) for r in rows)
+    assert all(r["reason"] for r in rows if r["status"] != "ok") and {r["backend"] for r in rows} == {"hf"}
+    calls = m["calls"]
+    assert calls["requests"] == 6 and calls["ok"] + calls["invalid"] + calls["failed"] == 6
+    assert calls["cache"]["misses"] == calls["attempts"] > 0
+
+    m = run_label(p, [trajs], tmp_path / "label")
+    labels = pq.read_table(tmp_path / "label/labels.parquet").to_pylist()
+    assert len(labels) == 6 and m["calls"]["requests"] == 6
+    assert all(r["reward"] is None for r in labels if r["status"] != "ok")
+    assert m["calibration"]["pairs"] == sum(r["status"] == "ok" for r in labels)
+
+    again = run_summarize(p, trajs, tmp_path / "again")
+    assert again["calls"]["cache"] == {**again["calls"]["cache"], "misses": 0, "hits": calls["attempts"]}
+    assert pq.read_table(tmp_path / "again/summaries.parquet").equals(pq.read_table(tmp_path / "summarize/summaries.parquet"))
+
+    strict = Params.model_validate(tiny_params({"env": {"max_turns": 6}, "roles": {"summarizer": {**llm, "max_failure_rate": 0.0}}}))
+    assert calls["ok"] < 6  # an untrained model's gibberish does not all parse as summaries
+    with pytest.raises(RoleFailure, match="summarize: the summarizer role failed on"):
+        run_summarize(strict, trajs, tmp_path / "strict")

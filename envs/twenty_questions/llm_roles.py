@@ -1,0 +1,144 @@
+"""TwentyQuestions roles played by an LLM: their prompts (Jinja2 files in prompts/, in our own
+words after HOPE's and HR's structure) and the parsers that validate what comes back.
+
+Every parser raises ValueError saying what is wrong, so the caller can sample again and, in the
+end, record the reason. A parser reads only the model's output, never the prompt, and refuses an
+output that echoes the prompt back.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .format import _TEMPLATES
+
+PROMPTS = Path(__file__).parent / "prompts"
+
+# Marks of our prompts that an answer never contains unless it is repeating the prompt.
+_ECHO_MARKS = ("## Questions and answers", "## Summary of the whole game", "<Game", "Reply with", "Now rate this game")
+
+
+def template_hash(*names: str) -> str:
+    """Content hash of the templates a role renders: rows record it, so a reworded prompt shows."""
+    h = hashlib.sha256()
+    for name in names:
+        h.update((PROMPTS / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def chat(template: str, **context: object) -> list[dict[str, str]]:
+    """A system and a user message from one template (its `system` flag picks the part)."""
+    t = _TEMPLATES.get_template(template)
+    return [
+        {"role": "system", "content": t.render(system=True, **context).strip()},
+        {"role": "user", "content": t.render(system=False, **context).strip()},
+    ]
+
+
+def dialogue(history: list[tuple[str, str]]) -> str:
+    """The game as numbered question/answer lines, the form every role's prompt shows."""
+    return "\n".join(f"Q{i + 1}: {q}\nA{i + 1}: {a}" for i, (q, a) in enumerate(history))
+
+
+def _no_echo(text: str) -> None:
+    mark = next((m for m in _ECHO_MARKS if m in text), None)
+    if mark:
+        raise ValueError(f"the output repeats the prompt ({mark!r})")
+
+
+# ---- summarizer (HOPE's pi_sum) ----
+
+
+def parse_summary(text: str, max_chars: int = 2000) -> str:
+    text = text.strip()
+    if not text:
+        raise ValueError("empty summary")
+    _no_echo(text)
+    if len(text) > max_chars:
+        raise ValueError(f"summary of {len(text)} characters, over {max_chars}")
+    if not re.search(r"[A-Za-z]{3,}", text):
+        raise ValueError("summary has no words")
+    return " ".join(text.split())
+
+
+# ---- hindsight proposer (HOPE's pi_H) ----
+
+
+@dataclass(frozen=True)
+class LLMProposal:
+    teacher_reason: str
+    question: str
+    player_reason: str
+
+
+def _json_block(text: str) -> str:
+    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
+    if fenced:
+        return fenced.group(1)
+    start, end = text.find("["), text.rfind("]")
+    if start < 0 or end < start:
+        raise ValueError("no JSON list in the output")
+    return text[start : end + 1]
+
+
+def parse_proposals(text: str, n: int, secret: str, category: str) -> list[LLMProposal]:
+    """Up to n proposals. The question must be one line; the player's reason must not name the
+    secret or its category (it enters the policy's action; only the teacher may use hindsight)."""
+    _no_echo(text)
+    try:
+        items = json.loads(_json_block(text))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"JSON does not parse: {e.msg} at character {e.pos}") from None
+    if not isinstance(items, list) or not items:
+        raise ValueError("expected a non-empty JSON list of proposals")
+    out = []
+    for i, item in enumerate(items[:n]):
+        if not isinstance(item, dict):
+            raise ValueError(f"proposal {i}: expected an object, got {type(item).__name__}")
+        fields = {}
+        for key in ("teacher_reason", "question", "player_reason"):
+            value = item.get(key)
+            if not isinstance(value, str) or not value.strip():
+                raise ValueError(f"proposal {i}: missing or empty {key!r}")
+            fields[key] = " ".join(value.split())
+        if len(fields["question"]) > 200 or "\n" in item["question"].strip():
+            raise ValueError(f"proposal {i}: the question is not one short line")
+        leaked = next((w for w in (secret, category) if re.search(rf"\b{re.escape(w)}\b", fields["player_reason"], re.I)), None)
+        if leaked:
+            raise ValueError(f"proposal {i}: player_reason names the hidden {'secret' if leaked == secret else 'category'}")
+        out.append(LLMProposal(**fields))
+    return out
+
+
+# ---- reward labeler (HR's few-shot labeler) ----
+
+_REWARD_LINE = re.compile(r"^\s*Reward:\s*(-?\d+(?:\.\d+)?)\s*$", re.I)
+
+
+def parse_reward(text: str, low: float, high: float) -> float:
+    """The label is the output's one "Reward: <number>" line, in [low, high]. Several such lines
+    (an echoed example, a dialogue that itself says "Reward: 10") make the output ambiguous."""
+    _no_echo(text)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    found = [m for m in (_REWARD_LINE.match(line) for line in lines) if m]
+    if not found:
+        raise ValueError("no line 'Reward: <number>'")
+    if len(found) > 1:
+        raise ValueError(f"{len(found)} 'Reward:' lines; expected one")
+    value = float(found[0].group(1))
+    if not low <= value <= high:
+        raise ValueError(f"reward {value:g} outside [{low:g}, {high:g}]")
+    return value
+
+
+# ---- simulator (the answerer, as an LLM) ----
+
+
+def parse_yes_no(text: str) -> str:
+    words = re.findall(r"[a-z]+", text.strip().lower())
+    if not words or words[0] not in ("yes", "no"):
+        raise ValueError(f"expected yes or no, got {text.strip()[:40]!r}")
+    return words[0]
