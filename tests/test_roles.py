@@ -104,7 +104,7 @@ def test_llm_summarizer_and_labeler_on_hf_account_for_every_row(tiny_model_dir, 
     assert again["calls"]["cache"] == {**again["calls"]["cache"], "misses": 0, "hits": calls["attempts"]}
     assert pq.read_table(tmp_path / "again/summaries.parquet").equals(pq.read_table(tmp_path / "summarize/summaries.parquet"))
 
-    strict = Params.model_validate(tiny_params({"env": {"max_turns": 6}, "roles": {"summarizer": {**llm, "max_failure_rate": 0.0}}}))
-    assert calls["ok"] < 6  # an untrained model's gibberish does not all parse as summaries
-    with pytest.raises(RoleFailure, match="summarize: the summarizer role failed on"):
-        run_summarize(strict, trajs, tmp_path / "strict")
+    strict = Params.model_validate(tiny_params({"env": {"max_turns": 6}, "roles": {"labeler": {**llm, "max_failure_rate": 0.0}}}))
+    assert m["calls"]["ok"] < 6  # an untrained model's gibberish is not a "Reward: <number>" line
+    with pytest.raises(RoleFailure, match="label: the labeler role failed on"):
+        run_label(strict, [trajs], tmp_path / "strict")
