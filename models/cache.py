@@ -91,7 +91,7 @@ class CachedGenerator:
     def __init__(self, inner: Generator, cache: ResponseCache):
         self.inner, self.cache = inner, cache
         self.backend, self.model_id = inner.backend, inner.model_id
-        self.stats = {"hits": 0, "misses": 0, "failures": 0, "backend_seconds": 0.0}
+        self.cache_stats = {"hits": 0, "misses": 0, "failures": 0, "backend_seconds": 0.0}
 
     def generate(self, conversations: list[list[Message]], sampling: SamplingParams, seeds: list[int]) -> list[Completion]:
         if len(seeds) != len(conversations):
@@ -100,16 +100,16 @@ class CachedGenerator:
         found = self.cache.get_many(keys)
         out: list[Completion | None] = [Completion(found[k]) if k in found else None for k in keys]
         todo = [i for i, c in enumerate(out) if c is None]
-        self.stats["hits"] += len(keys) - len(todo)
-        self.stats["misses"] += len(todo)
+        self.cache_stats["hits"] += len(keys) - len(todo)
+        self.cache_stats["misses"] += len(todo)
         if todo:
             t0 = time.perf_counter()
             fresh = self.inner.generate([conversations[i] for i in todo], sampling, [seeds[i] for i in todo])
-            self.stats["backend_seconds"] += time.perf_counter() - t0
+            self.cache_stats["backend_seconds"] += time.perf_counter() - t0
             self.cache.put_many([(keys[i], self.backend, self.model_id, c.text) for i, c in zip(todo, fresh) if c.ok])
             for i, c in zip(todo, fresh, strict=True):
                 out[i] = c
-                self.stats["failures"] += not c.ok
+                self.cache_stats["failures"] += not c.ok
         return out  # type: ignore[return-value]
 
     def __getattr__(self, name: str):

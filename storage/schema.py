@@ -93,7 +93,7 @@ SUMMARIES = TableSchema(
 
 RELABELS = TableSchema(
     "relabels",
-    1,
+    2,
     pa.schema(
         [
             _f("relabel_id", pa.string()),  # content hash of (trajectory, turn, counterfactual)
@@ -105,11 +105,13 @@ RELABELS = TableSchema(
             _f("rank", pa.int32()),  # 0 = the proposer's first choice at this turn
             _f("original_text", pa.string()),  # the agent message that was replaced
             _f("original_action", pa.string()),
-            _f("counterfactual_text", pa.string()),  # the agent message spliced in (policy format)
-            _f("counterfactual_action", pa.string()),
-            _f("player_reason", pa.string()),  # inside the action: uses only what the player saw
-            _f("rationale", pa.string()),  # the proposer's hindsight reasoning; may use the secret
-            _f("proposer", pa.string()),  # backend that proposed it
+            _f("counterfactual_text", pa.string(), nullable=True),  # the agent message spliced in (policy format)
+            _f("counterfactual_action", pa.string(), nullable=True),
+            _f("player_reason", pa.string(), nullable=True),  # inside the action: uses only what the player saw
+            _f("rationale", pa.string(), nullable=True),  # the proposer's hindsight reasoning; may use the secret
+            _f("status", pa.string()),  # ok | invalid (unparseable after retries) | failed (no answer); only ok rows are regenerated
+            _f("reason", pa.string(), nullable=True),  # why the status is not ok
+            _f("proposer", pa.string()),  # oracle, or backend:model that proposed it
             _f("prompt_hash", pa.string()),
         ]
     ),

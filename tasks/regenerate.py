@@ -37,7 +37,7 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
     t0 = time.time()
     g = params.regenerate
     parents = {t["trajectory_id"]: t for t in read_table(trajectories, "trajectories").to_pylist()}
-    relabel_rows = read_table(relabels, "relabels").to_pylist()
+    relabel_rows = [r for r in read_table(relabels, "relabels").to_pylist() if r["status"] == "ok"]  # the rest have no counterfactual
     missing = [r["relabel_id"] for r in relabel_rows if r["trajectory_id"] not in parents]
     if missing:
         raise ValueError(f"{relabels}: {len(missing)} relabels name a trajectory not in {trajectories} (first: relabel {missing[0]})")

@@ -15,16 +15,18 @@ import json
 import random
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
-from envs.twenty_questions.format import render_action
+from envs.twenty_questions.format import Action, render_action
 from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.llm_roles import chat, dialogue, parse_proposals, template_hash
 from envs.twenty_questions.policies import PlayerView
 from envs.twenty_questions.proposer import VERSION, OracleProposer, Proposal, same_action
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
-from tasks.roles import require_oracle
+from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
 from tasks.rollout import derive_seed
 
 
@@ -35,33 +37,37 @@ def window(num_turns: int, a: float, b: float) -> list[int]:
 
 def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Path) -> dict:
     """Writes out_dir/relabels.parquet and out_dir/metrics.json."""
-    require_oracle(params, "proposer")
     t0 = time.time()
-    r, kb = params.relabel, load_kb()
+    r, kb, role = params.relabel, load_kb(), params.roles.proposer
+    llm = role.backend != "oracle"
+    if llm and r.mode == "hr":
+        raise NotImplementedError("relabel.mode hr with an LLM proposer (HR's hindsight controller) is not supported yet; use mode hope or the oracle")
     proposer = OracleProposer(kb)
-    # A trajectory whose summary failed has none: it is skipped and counted.
     summary_of = {s["trajectory_id"]: s["summary"] for s in read_table(summaries, "summaries").to_pylist() if s["status"] == "ok"}
     trajs = [t for t in read_table(trajectories, "trajectories").to_pylist() if t["split"] in r.splits]
-    keys = ("trajectories_relabelled", "skipped_no_summary", "empty_window", "no_place_to_improve", "timesteps", "proposed", "dropped_equal")
+    keys = ("trajectories_relabelled", "skipped_no_summary", "empty_window", "no_place_to_improve", "timesteps", "proposed", "dropped_equal", "dropped_duplicate")
     counts = defaultdict(int, trajectories_in=len(trajs), **dict.fromkeys(keys, 0))
     by_task: dict[str, list[dict]] = defaultdict(list)
     for t in sorted(trajs, key=lambda t: t["trajectory_id"]):
-        # The proposer works from (prefix, summary). The oracle reads the secret from the
-        # environment itself; an LLM proposer gets the summary in its prompt.
+        # The proposer works from (prefix, summary); a trajectory whose summary failed is
+        # skipped and counted. The oracle reads the secret from the environment itself.
         if t["trajectory_id"] not in summary_of:
             counts["skipped_no_summary"] += 1
             continue
         by_task[t["task_id"]].append(t)
 
+    version = f"{role.backend}:{template_hash('proposer.j2')}" if llm else VERSION
+    prompt_hash = hashlib.sha256(version.encode()).hexdigest()[:12]
+    proposer_id = role.backend
     rows: list[dict] = []
 
-    def emit(traj: dict, turn: int, rank: int, proposal: Proposal) -> None:
+    def emit(traj: dict, turn: int, rank: int, proposal: Proposal | None, status: str = "ok", reason: str | None = None) -> None:
         original = traj["turns"][turn]["action"]
-        if same_action(kb, original, proposal.action.question):
+        if proposal is not None and same_action(kb, original, proposal.action.question):
             counts["dropped_equal"] += 1
             return
-        text = render_action(proposal.action.reason, proposal.action.question)
-        key = json.dumps([traj["trajectory_id"], turn, text, r.mode, VERSION])
+        text = render_action(proposal.action.reason, proposal.action.question) if proposal else None
+        key = json.dumps([traj["trajectory_id"], turn, text if proposal else f"{status}:{rank}", r.mode, version])
         rows.append(
             {
                 "relabel_id": hashlib.sha256(key.encode()).hexdigest()[:16],
@@ -74,14 +80,17 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
                 "original_text": traj["messages"][2 + 2 * turn]["content"],
                 "original_action": original,
                 "counterfactual_text": text,
-                "counterfactual_action": proposal.action.question,
-                "player_reason": proposal.action.reason,
-                "rationale": proposal.rationale,
-                "proposer": params.roles.proposer.backend,
-                "prompt_hash": hashlib.sha256(VERSION.encode()).hexdigest()[:12],
+                "counterfactual_action": proposal.action.question if proposal else None,
+                "player_reason": proposal.action.reason if proposal else None,
+                "rationale": proposal.rationale if proposal else None,
+                "status": status,
+                "reason": reason,
+                "proposer": proposer_id,
+                "prompt_hash": prompt_hash,
             }
         )
 
+    sites: list[tuple[dict, int, PlayerView]] = []  # hope: (trajectory, turn, what the player saw)
     for task_id, group in sorted(by_task.items()):
         rng = random.Random(derive_seed(params.seed, "relabel", r.mode, task_id))
         secret = kb.get(task_id)
@@ -105,14 +114,46 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
                 continue
             for turn in sorted(rng.sample(turns, min(r.t, len(turns)))):
                 counts["timesteps"] += 1
-                view = PlayerView(candidates, history[:turn], turn, params.env.max_turns)
-                proposals = proposer.propose(secret, view, r.n)
-                counts["proposed"] += len(proposals)
-                for rank, proposal in enumerate(proposals):
-                    emit(traj, turn, rank, proposal)
+                sites.append((traj, turn, PlayerView(candidates, history[:turn], turn, params.env.max_turns)))
+
+    metrics: dict = {}
+    if not llm:
+        for traj, turn, view in sites:
+            proposals = proposer.propose(kb.get(traj["task_id"]), view, r.n)
+            counts["proposed"] += len(proposals)
+            for rank, proposal in enumerate(proposals):
+                emit(traj, turn, rank, proposal)
+    else:
+        gen = make_generator(role, params.cache.path)
+        proposer_id = f"{role.backend}:{gen.model_id}"
+        prompts, parsers, seeds = [], [], []  # each site's parser knows its secret, to catch leaks
+        for traj, turn, view in sites:
+            secret = kb.get(traj["task_id"])
+            names = [e.name for e in view.candidates] if params.env.show_candidates else None
+            prompts.append(chat("proposer.j2", n=r.n, summary=summary_of[traj["trajectory_id"]], history=dialogue(view.history), turn=turn, max_turns=params.env.max_turns, candidates=names))
+            parsers.append(partial(parse_proposals, n=r.n, secret=secret.name, category=secret.category))
+            seeds.append(derive_seed(role.seed, "relabel", traj["trajectory_id"], turn))
+        outcomes = call_parsed(gen, prompts, seeds, parsers, role_sampling(role), role.parse_attempts) if sites else []
+        for (traj, turn, _), outcome in zip(sites, outcomes):
+            if outcome.status != "ok":
+                emit(traj, turn, 0, None, outcome.status, outcome.reason)
+                continue
+            counts["proposed"] += len(outcome.value)
+            seen: set[str] = set()
+            for rank, p in enumerate(outcome.value):
+                if p.question.lower() in seen:
+                    counts["dropped_duplicate"] += 1  # the n proposals must be distinct
+                    continue
+                seen.add(p.question.lower())
+                emit(traj, turn, rank, Proposal(Action(p.player_reason, p.question), p.teacher_reason))
+        metrics["calls"] = account(outcomes, gen)
 
     rows.sort(key=lambda row: (row["trajectory_id"], row["branch_turn"], row["rank"]))
     write_table(to_table(rows, "relabels"), out_dir / "relabels.parquet", "relabels")
-    metrics = {"mode": r.mode, "relabels": len(rows), **dict(sorted(counts.items())), "seconds": round(time.time() - t0, 1)}
+    ok = sum(row["status"] == "ok" for row in rows)
+    metrics = {"mode": r.mode, "relabels": ok, "not_proposed": len(rows) - ok, **dict(sorted(counts.items())), **metrics, "seconds": round(time.time() - t0, 1)}
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    if "calls" in metrics:
+        check_failure_rate("relabel", "proposer", role, metrics["calls"])
     return metrics
+

@@ -76,12 +76,13 @@ def call_parsed(
     gen: Generator,
     prompts: list[list[Message]],
     seeds: list[int],
-    parse: Callable[[str], T],
+    parse: Callable[[str], T] | list[Callable[[str], T]],
     sampling: SamplingParams,
     attempts: int,
 ) -> list[Outcome[T]]:
-    """One outcome per prompt, in order. `parse` raises ValueError (with a message saying what
-    is wrong) on output it cannot use."""
+    """One outcome per prompt, in order. `parse` (one for all prompts, or one per prompt) raises
+    ValueError, with a message saying what is wrong, on output it cannot use."""
+    parsers = parse if isinstance(parse, list) else [parse] * len(prompts)
     out: list[Outcome[T] | None] = [None] * len(prompts)
     last: dict[int, tuple[str, str]] = {}
     pending = list(range(len(prompts)))
@@ -97,7 +98,7 @@ def call_parsed(
                 out[i] = Outcome("failed", None, "", attempt + 1, c.error)
                 continue
             try:
-                out[i] = Outcome("ok", parse(c.text), c.text, attempt + 1, None)
+                out[i] = Outcome("ok", parsers[i](c.text), c.text, attempt + 1, None)
             except ValueError as e:
                 last[i] = (c.text, str(e))
                 still.append(i)

@@ -94,6 +94,16 @@ def test_llm_summarizer_and_labeler_on_hf_account_for_every_row(tiny_model_dir, 
     assert calls["requests"] == 6 and calls["ok"] + calls["invalid"] + calls["failed"] == 6
     assert calls["cache"]["misses"] == calls["attempts"] > 0
 
+    from tasks.relabel import run_relabel
+
+    hope = Params.model_validate(tiny_params({"env": {"max_turns": 6}, "roles": {"proposer": llm}, "relabel": {"k": 2, "t": 1, "n": 2, "window": [0.0, 1.0]}}))
+    m = run_relabel(hope, trajs, tmp_path / "summarize/summaries.parquet", tmp_path / "relabel")
+    relabels = pq.read_table(tmp_path / "relabel/relabels.parquet").to_pylist()
+    assert m["timesteps"] == m["calls"]["requests"] == 6  # 3 tasks x k=2 x t=1
+    failed = [r for r in relabels if r["status"] != "ok"]
+    assert len(failed) == m["not_proposed"] == m["calls"]["invalid"] + m["calls"]["failed"]
+    assert all(r["reason"] and r["counterfactual_text"] is None for r in failed)
+
     m = run_label(p, [trajs], tmp_path / "label")
     labels = pq.read_table(tmp_path / "label/labels.parquet").to_pylist()
     assert len(labels) == 6 and m["calls"]["requests"] == 6
