@@ -14,13 +14,13 @@ from models.base import SamplingParams
 from storage.parquet import write_table
 from storage.schema import to_table
 from tasks.params import Params
-from tasks.roles import generation_stats, policy_generator, require_oracle
+from tasks.roles import generation_stats, policy_generator
+from tasks.simulator import check_simulator, make_simulator, simulator_stats
 from tasks.rollout import LMAgent, derive_seed, new_episode, play, stats_by_split
 
 
 def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/trajectories.parquet and out_dir/metrics.json."""
-    require_oracle(params, "simulator")
     t0 = time.time()
     c, kb = params.collect, load_kb()
     generator = policy_generator(params, model_dir, c.batch_size)
@@ -31,7 +31,8 @@ def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
         for task in kb.split(split)[: c.limit_tasks]
         for k in range(c.m)
     ]
-    play(episodes, agent, derive_seed(params.seed, "collect"), "collect")
+    simulator = make_simulator(params, kb)
+    play(episodes, agent, derive_seed(params.seed, "collect"), "collect", simulator)
     rows = sorted((e.to_row() for e in episodes), key=lambda r: (r["split"], r["task_id"], r["seed"]))
     write_table(to_table(rows, "trajectories"), out_dir / "trajectories.parquet", "trajectories")
     metrics = {
@@ -40,7 +41,9 @@ def run_collect(params: Params, model_dir: Path, out_dir: Path) -> dict:
         "tasks": len({(r["split"], r["task_id"]) for r in rows}),
         **stats_by_split(episodes),
         **generation_stats(generator),  # cache hits; prompt tokens the hf backend reused from the previous turn
+        **simulator_stats(simulator),
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    check_simulator("collect", simulator, metrics)
     return metrics

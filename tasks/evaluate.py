@@ -16,7 +16,8 @@ from models.base import SamplingParams
 from storage.parquet import write_table
 from storage.schema import to_table
 from tasks.params import Params
-from tasks.roles import policy_generator, require_oracle
+from tasks.roles import policy_generator
+from tasks.simulator import check_simulator, make_simulator, simulator_stats
 from tasks.rollout import Episode, LMAgent, derive_seed, new_episode, play
 
 
@@ -48,10 +49,10 @@ def policies(params: Params, train_dir: Path) -> dict[str, Path]:
 
 def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/metrics.json, out_dir/episodes.parquet and out_dir/plots/success_<split>.json."""
-    require_oracle(params, "simulator")
     t0 = time.time()
     e, kb = params.evaluate, load_kb()
     results, rows = {}, []
+    simulator = make_simulator(params, kb)
     for name, model_dir in policies(params, train_dir).items():
         episodes = [
             new_episode(kb, task, split, derive_seed(params.seed, "evaluate", split, task.name, k), params.env.max_turns, params.env.show_candidates)
@@ -60,7 +61,7 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
             for k in range(e.episodes_per_task)
         ]
         generator = policy_generator(params, model_dir, e.batch_size)
-        play(episodes, LMAgent(generator, SamplingParams(**e.sampling.model_dump())), derive_seed(params.seed, "evaluate"), f"evaluate {name}")
+        play(episodes, LMAgent(generator, SamplingParams(**e.sampling.model_dump())), derive_seed(params.seed, "evaluate"), f"evaluate {name}", simulator)
         results[name] = {
             "policy_id": generator.model_id,
             **{split: summary([ep for ep in episodes if ep.split == split]) for split in e.splits},
@@ -78,8 +79,10 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
         "episodes_per_task": e.episodes_per_task,
         "sampling": e.sampling.model_dump(),
         "policies": results,
+        **simulator_stats(simulator),
         "seconds": round(time.time() - t0, 1),
     }
     # Policies stay in params order (bootstrap first), so the table reads as configured.
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    check_simulator("evaluate", simulator, metrics)
     return metrics

@@ -22,7 +22,7 @@ from envs.twenty_questions.format import (
     render_action,
     system_prompt,
 )
-from envs.twenty_questions.game import Game
+from envs.twenty_questions.game import Answer, Game
 from envs.twenty_questions.kb import Entity, KnowledgeBase
 from envs.twenty_questions.policies import PlayerView
 from models.base import Generator, Message, SamplingParams
@@ -48,6 +48,7 @@ class Episode:
     turns: list[dict] = field(default_factory=list)
     parse_failures: int = 0
     generation_failures: int = 0  # turns whose generation failed after the backend's retries
+    simulator_failures: int = 0  # turns the LLM simulator gave no usable answer to ("unknown")
     policy_id: str = ""
     # Lineage of a regenerated episode: the logged trajectory, turn and relabel it branched from.
     source: str = "policy"
@@ -67,17 +68,22 @@ class Episode:
             max_turns=self.game.max_turns,
         )
 
-    def apply(self, text: str) -> None:
-        """Execute one action text: parse it, let the oracle answer, log the turn."""
+    @staticmethod
+    def read(text: str) -> tuple[str, str, bool]:
+        """(reason, question, parsed) of an action text. An unparseable output still costs a
+        turn: the simulator hears the raw text, exactly as a sloppy agent would be treated."""
         try:
             action = parse_action(text)
-            reason, question = action.reason, action.question
+            return action.reason, action.question, True
         except ActionParseError:
-            # An unparseable output still costs a turn: the oracle hears the raw text
-            # (and answers "unknown"), exactly as a sloppy agent would be treated.
-            self.parse_failures += 1
-            reason, question = "", text.strip()
-        step = self.game.step(question)
+            return "", text.strip(), False
+
+    def apply(self, text: str, answer: Answer | None = None) -> None:
+        """Execute one action text: parse it, let the simulator answer (by default the
+        knowledge-base oracle), log the turn."""
+        reason, question, parsed = self.read(text)
+        self.parse_failures += not parsed
+        step = self.game.step(question, answer)
         self.messages.append({"role": "assistant", "content": text})
         if self.game.done:
             self.messages.append({"role": "user", "content": final_message(step.observation, step.success)})
@@ -194,8 +200,14 @@ class ScriptedAgent:
         return texts
 
 
-def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rollout") -> list[Episode]:
-    """Step every live episode together until all are done; a progress bar counts finished ones."""
+class Simulator(Protocol):
+    def answer(self, episodes: Sequence[Episode], questions: list[str]) -> list[Answer]: ...
+
+
+def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rollout", simulator: Simulator | None = None) -> list[Episode]:
+    """Step every live episode together until all are done; a progress bar counts finished ones.
+    The simulator (default: the knowledge-base oracle) answers every live episode's question in
+    one batch per step."""
     live = [e for e in episodes if not e.done]
     step = 0
     with Progress(
@@ -209,8 +221,9 @@ def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rol
         bar = progress.add_task(label, total=len(episodes), completed=len(episodes) - len(live), turn=0)
         while live:
             texts = agent.act(live, derive_seed(run_seed, label, step))
-            for ep, text in zip(live, texts, strict=True):
-                ep.apply(text)
+            answers = simulator.answer(live, [Episode.read(t)[1] for t in texts]) if simulator else [None] * len(live)
+            for ep, text, answer in zip(live, texts, answers, strict=True):
+                ep.apply(text, answer)
             live = [e for e in live if not e.done]
             step += 1
             progress.update(bar, completed=len(episodes) - len(live), turn=step)
@@ -228,6 +241,7 @@ def episode_stats(episodes: Sequence[Episode]) -> dict:
         "mean_turns": sum(len(e.turns) for e in episodes) / n,
         "parse_failure_rate": sum(e.parse_failures for e in episodes) / max(1, sum(len(e.turns) for e in episodes)),
         "generation_failures": sum(e.generation_failures for e in episodes),
+        "simulator_failures": sum(e.simulator_failures for e in episodes),
     }
 
 

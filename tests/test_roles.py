@@ -118,3 +118,44 @@ def test_llm_summarizer_and_labeler_on_hf_account_for_every_row(tiny_model_dir, 
     assert m["calls"]["ok"] < 6  # an untrained model's gibberish is not a "Reward: <number>" line
     with pytest.raises(RoleFailure, match="label: the labeler role failed on"):
         run_label(strict, [trajs], tmp_path / "strict")
+
+
+class SaysYes:
+    """A model that answers yes to everything."""
+
+    backend, model_id = "openai", "yes-man"
+
+    def generate(self, convs, sampling, seeds):
+        return [Completion("Yes.") for _ in convs]
+
+
+def test_llm_simulator_cannot_hand_out_wins():
+    from envs.twenty_questions.kb import load_kb
+    from tasks.rollout import new_episode
+    from tasks.simulator import LLMSimulator
+
+    kb = load_kb()
+    secret, other = kb.split("train")[:2]
+    role = RoleParams(backend="openai", model="m", base_url="http://x/v1")
+    sim = LLMSimulator(kb, SaysYes(), role)
+    eps = [new_episode(kb, secret, "train", s, 20, False) for s in range(3)]
+    questions = ["Is it an animal?", f"Is it {other.name}?", f"Is it {secret.name}?"]
+    answers = sim.answer(eps, questions)
+    assert [a.text for a in answers] == ["yes", "yes", "yes"]
+    assert [(a.is_guess, a.correct) for a in answers] == [(False, False), (True, False), (True, True)]
+    for ep, q, a in zip(eps, questions, answers):
+        ep.apply(f"REASON: r\nQUESTION: {q}", a)
+    assert [ep.done for ep in eps] == [False, False, True] and eps[2].game.success
+
+
+def test_collect_with_an_llm_simulator_counts_every_answer(tiny_model_dir, tmp_path):
+    from conftest import tiny_params
+    from tasks.collect import run_collect
+    from tasks.params import Params
+
+    llm = {"backend": "hf", "model": str(tiny_model_dir), "sampling": {"max_new_tokens": 4}, "parse_attempts": 1, "max_failure_rate": 1.0}
+    p = Params.model_validate(tiny_params({"env": {"max_turns": 4}, "roles": {"simulator": llm}, "collect": {"splits": ["train"], "m": 1, "limit_tasks": 2}}))
+    m = run_collect(p, tiny_model_dir, tmp_path)
+    calls = m["simulator_calls"]
+    assert calls["requests"] == round(m["train"]["mean_turns"] * m["train"]["episodes"]) > 0  # one answer per turn
+    assert m["train"]["simulator_failures"] == calls["invalid"] + calls["failed"]

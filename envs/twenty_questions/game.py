@@ -75,10 +75,12 @@ class Game:
         self.history = list(history)
         self.turn = len(history)
 
-    def step(self, question: str) -> Step:
+    def step(self, question: str, answer: Answer | None = None) -> Step:
+        """Ask `question`. `answer` is another simulator's (an LLM's) answer; by default the
+        knowledge-base oracle answers."""
         if self.done:
             raise RuntimeError(f"the game for {self.secret.name!r} is over; start a new one")
-        answer = self.oracle.answer(self.secret, question)
+        answer = self.oracle.answer(self.secret, question) if answer is None else answer
         self.history.append((question, answer.text))
         self.turn += 1
         self.success = answer.correct
