@@ -101,10 +101,10 @@ RELABELS = TableSchema(
             _f("task_id", pa.string()),
             _f("split", pa.string()),
             _f("mode", pa.string()),  # hope (window, n per timestep) | hr (one per dialogue)
-            _f("branch_turn", pa.int32()),  # 0-based index of the replaced agent action
+            _f("branch_turn", pa.int32(), nullable=True),  # 0-based index of the replaced agent action
             _f("rank", pa.int32()),  # 0 = the proposer's first choice at this turn
-            _f("original_text", pa.string()),  # the agent message that was replaced
-            _f("original_action", pa.string()),
+            _f("original_text", pa.string(), nullable=True),  # the agent message that was replaced
+            _f("original_action", pa.string(), nullable=True),
             _f("counterfactual_text", pa.string(), nullable=True),  # the agent message spliced in (policy format)
             _f("counterfactual_action", pa.string(), nullable=True),
             _f("player_reason", pa.string(), nullable=True),  # inside the action: uses only what the player saw
@@ -131,6 +131,7 @@ LABELS = TableSchema(
             _f("labeler", pa.string()),  # oracle | hf | vllm | openai
             _f("model", pa.string()),  # the labeler's model id, or the oracle's version
             _f("prompt_hash", pa.string()),  # of the prompt template
+            _f("scores", pa.string(), nullable=True),  # rubric judge: every criterion's score, as JSON
             _f("status", pa.string()),  # ok | failed
             _f("reason", pa.string()),
         ]

@@ -4,7 +4,8 @@ The environment's logged return and the labelled reward are separate columns, so
 can be measured against the ground truth wherever one exists (calibration in the metrics). The
 oracle labeler replays the actions; an LLM labeler follows HR's recipe: the task's description,
 `few_shot` labelled games sampled uniformly from the original trajectories, then the game to
-label (prompts/labeler.j2). A trajectory that cannot be labelled keeps a null reward with its
+label (prompts/labeler.j2); or Refit's rubric judge (prompts/judge.j2: criteria scored 0-10 and an
+Overall score, the reward being Overall / 10, as Refit rescales it). A trajectory that cannot be labelled keeps a null reward with its
 status and reason.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.labeler import label_trajectory
-from envs.twenty_questions.llm_roles import chat, dialogue, parse_reward, template_hash
+from envs.twenty_questions.llm_roles import chat, dialogue, parse_reward, parse_rubric, template_hash
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
@@ -28,14 +29,14 @@ from tasks.rollout import derive_seed
 ORACLE_VERSION = "oracle-labeler-v1"
 
 
-def _oracle_labels(params: Params, trajs: list[dict]) -> list[tuple[float | None, str, str | None]]:
+def _oracle_labels(params: Params, trajs: list[dict]) -> list[tuple[float | None, str, str | None, str | None]]:
     kb, out = load_kb(), []
     for t in trajs:
         label = label_trajectory(kb, t["task_id"], [turn["action"] for turn in t["turns"]], params.env.max_turns)
         reason = label.reason
         if label.reward is not None and t["return"] is not None and t["return"] != label.reward:
             reason += f" (the logged return was {t['return']:g})"
-        out.append((label.reward, "ok" if label.reward is not None else "failed", reason))
+        out.append((label.reward, "ok" if label.reward is not None else "failed", reason, None))
     return out
 
 
@@ -43,11 +44,19 @@ def _history(t: dict) -> list[tuple[str, str]]:
     return [(turn["action"], turn["observation"]) for turn in t["turns"]]
 
 
-def _llm_labels(params: Params, trajs: list[dict], gen) -> tuple[list[tuple[float | None, str, str | None]], dict]:
+def _llm_labels(params: Params, trajs: list[dict], gen) -> tuple[list[tuple[float | None, str, str | None, str | None]], dict]:
     role, T = params.roles.labeler, params.env.max_turns
-    # Few-shot examples come from the original (logged) trajectories with a known return.
-    pool = [t for t in trajs if t["source"] != "regeneration" and t["return"] is not None]
     prompts, seeds = [], []
+    if role.mode == "rubric":
+        # Refit's judge: criteria scored 0-10, then Overall; the reward is Overall / 10.
+        for t in trajs:
+            prompts.append(chat("judge.j2", max_turns=T, secret=t["task_id"], dialogue=dialogue(_history(t))))
+            seeds.append(derive_seed(role.seed, "judge", t["trajectory_id"]))
+        outcomes = call_parsed(gen, prompts, seeds, parse_rubric, role_sampling(role), role.parse_attempts)
+        labels = [(o.value["Overall"] / 10, o.status, o.reason, json.dumps(o.value)) if o.status == "ok" else (None, o.status, o.reason, None) for o in outcomes]
+        return labels, account(outcomes, gen)
+    # HR's few-shot labeler; the examples come from the original (logged) trajectories.
+    pool = [t for t in trajs if t["source"] != "regeneration" and t["return"] is not None]
     for t in trajs:
         rng = random.Random(derive_seed(role.seed, "label-shots", t["trajectory_id"]))
         others = [p for p in pool if p["trajectory_id"] != t["trajectory_id"]]
@@ -56,12 +65,13 @@ def _llm_labels(params: Params, trajs: list[dict], gen) -> tuple[list[tuple[floa
         prompts.append(chat("labeler.j2", max_turns=T, examples=examples, dialogue=dialogue(_history(t))))
         seeds.append(derive_seed(role.seed, "label", t["trajectory_id"]))
     outcomes = call_parsed(gen, prompts, seeds, lambda text: parse_reward(text, -T, 0), role_sampling(role), role.parse_attempts)
-    return [(o.value, o.status, o.reason) for o in outcomes], account(outcomes, gen)
+    return [(o.value, o.status, o.reason, None) for o in outcomes], account(outcomes, gen)
 
 
-def calibration(rows: list[dict], max_turns: int) -> dict:
+def calibration(rows: list[dict], max_turns: int, scale: str) -> dict:
     """Labelled reward against the environment's, where both exist: Pearson correlation, mean
-    absolute error, and agreement on success (a reward above -max_turns means a win)."""
+    absolute error (when both are on the environment's scale) and agreement on success (a win
+    is a return above -max_turns, or a rubric reward of at least 0.5)."""
     pairs = [(r["env_reward"], r["reward"], r["env_success"]) for r in rows if r["reward"] is not None and r["env_reward"] is not None]
     if not pairs:
         return {"pairs": 0}
@@ -69,11 +79,12 @@ def calibration(rows: list[dict], max_turns: int) -> dict:
     n, me, ml = len(pairs), sum(env) / len(env), sum(lab) / len(lab)
     cov = sum((a - me) * (b - ml) for a, b in zip(env, lab))
     se, sl = math.sqrt(sum((a - me) ** 2 for a in env)), math.sqrt(sum((b - ml) ** 2 for b in lab))
+    won = (lambda b: b >= 0.5) if scale == "rubric" else (lambda b: b > -max_turns)
     return {
         "pairs": n,
         "pearson": round(cov / (se * sl), 4) if se > 0 and sl > 0 else None,  # undefined when either side is constant
-        "mae": round(sum(abs(a - b) for a, b in zip(env, lab)) / n, 4),
-        "success_agreement": round(sum((b > -max_turns) == bool(s) for _, b, s in pairs) / n, 4),
+        "mae": round(sum(abs(a - b) for a, b in zip(env, lab)) / n, 4) if scale != "rubric" else None,
+        "success_agreement": round(sum(won(b) == bool(s) for _, b, s in pairs) / n, 4),
     }
 
 
@@ -92,7 +103,7 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
     else:
         gen = make_generator(role, params.cache.path)
         labels, calls = _llm_labels(params, trajs, gen)
-        model, prompt_hash = gen.model_id, template_hash("labeler.j2")
+        model, prompt_hash = gen.model_id, template_hash("judge.j2" if role.mode == "rubric" else "labeler.j2")
     rows = [
         {
             "trajectory_id": t["trajectory_id"],
@@ -104,24 +115,27 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
             "labeler": role.backend,
             "model": model,
             "prompt_hash": prompt_hash,
+            "scores": scores,
             "status": status,
             "reason": reason or "",
         }
-        for t, (reward, status, reason) in zip(trajs, labels)
+        for t, (reward, status, reason, scores) in zip(trajs, labels)
     ]
     rows.sort(key=lambda r: r["trajectory_id"])
     write_table(to_table(rows, "labels"), out_dir / "labels.parquet", "labels")
     by_source = Counter(r["source"] for r in rows)
     ok = [r for r in rows if r["status"] == "ok"]
     T = params.env.max_turns
+    scale = "rubric" if role.backend != "oracle" and role.mode == "rubric" else "return"
+    won = (lambda r: r["reward"] >= 0.5) if scale == "rubric" else (lambda r: r["reward"] > -T)
     metrics = {
         "labels": len(rows),
         "by_source": dict(sorted(by_source.items())),
         "status": dict(sorted(Counter(r["status"] for r in rows).items())),
         "logged_return_mismatches": sum(r["reward"] is not None and r["env_reward"] is not None and r["reward"] != r["env_reward"] for r in rows),
         "mean_reward": {s: _mean([r["reward"] for r in ok if r["source"] == s]) for s in sorted(by_source)},
-        "success_rate": {s: round(sum(r["reward"] > -T for r in ok if r["source"] == s) / by_source[s], 4) for s in sorted(by_source)},
-        "calibration": calibration(rows, T),
+        "success_rate": {s: round(sum(won(r) for r in ok if r["source"] == s) / by_source[s], 4) for s in sorted(by_source)},
+        "calibration": calibration(rows, T, scale),
         **({"calls": calls} if calls else {}),
         "seconds": round(time.time() - t0, 1),
     }

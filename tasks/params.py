@@ -76,7 +76,8 @@ class ForwardRole(RoleParams):
 
 
 class LabelerRole(RoleParams):
-    few_shot: int = Field(4, ge=0)  # HR: labelled examples sampled from the original trajectories
+    mode: Literal["few_shot", "rubric"] = "few_shot"  # an LLM labeler: HR's few-shot reward, or Refit's rubric judge
+    few_shot: int = Field(4, ge=0)  # few_shot: labelled examples sampled from the original trajectories
 
 
 class Roles(Strict):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from envs.twenty_questions.format import Action, render_action
 from envs.twenty_questions.kb import load_kb
-from envs.twenty_questions.llm_roles import chat, dialogue, parse_proposals, template_hash
+from envs.twenty_questions.llm_roles import chat, dialogue, parse_controller, parse_proposals, template_hash
 from envs.twenty_questions.policies import PlayerView
 from envs.twenty_questions.proposer import VERSION, OracleProposer, Proposal, same_action
 from storage.parquet import read_table, write_table
@@ -40,8 +40,6 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
     t0 = time.time()
     r, kb, role = params.relabel, load_kb(), params.roles.proposer
     llm = role.backend != "oracle"
-    if llm and r.mode == "hr":
-        raise NotImplementedError("relabel.mode hr with an LLM proposer (HR's hindsight controller) is not supported yet; use mode hope or the oracle")
     proposer = OracleProposer(kb)
     summary_of = {s["trajectory_id"]: s["summary"] for s in read_table(summaries, "summaries").to_pylist() if s["status"] == "ok"}
     trajs = [t for t in read_table(trajectories, "trajectories").to_pylist() if t["split"] in r.splits]
@@ -56,13 +54,15 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
             continue
         by_task[t["task_id"]].append(t)
 
-    version = f"{role.backend}:{template_hash('proposer.j2')}" if llm else VERSION
+    template = "controller.j2" if r.mode == "hr" else "proposer.j2"
+    version = f"{role.backend}:{template_hash(template)}" if llm else VERSION
     prompt_hash = hashlib.sha256(version.encode()).hexdigest()[:12]
     proposer_id = role.backend
     rows: list[dict] = []
 
-    def emit(traj: dict, turn: int, rank: int, proposal: Proposal | None, status: str = "ok", reason: str | None = None) -> None:
-        original = traj["turns"][turn]["action"]
+    def emit(traj: dict, turn: int | None, rank: int, proposal: Proposal | None, status: str = "ok", reason: str | None = None) -> None:
+        # turn is None for a dialogue whose controller named no usable place (HR, failed)
+        original = traj["turns"][turn]["action"] if turn is not None else None
         if proposal is not None and same_action(kb, original, proposal.action.question):
             counts["dropped_equal"] += 1
             return
@@ -77,7 +77,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
                 "mode": r.mode,
                 "branch_turn": turn,
                 "rank": rank,
-                "original_text": traj["messages"][2 + 2 * turn]["content"],
+                "original_text": traj["messages"][2 + 2 * turn]["content"] if turn is not None else None,
                 "original_action": original,
                 "counterfactual_text": text,
                 "counterfactual_action": proposal.action.question if proposal else None,
@@ -91,6 +91,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
         )
 
     sites: list[tuple[dict, int, PlayerView]] = []  # hope: (trajectory, turn, what the player saw)
+    dialogues: list[tuple[dict, random.Random]] = []  # hr with an LLM controller: (trajectory, its rng)
     for task_id, group in sorted(by_task.items()):
         rng = random.Random(derive_seed(params.seed, "relabel", r.mode, task_id))
         secret = kb.get(task_id)
@@ -99,6 +100,9 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
             counts["trajectories_relabelled"] += 1
             history = [(t["action"], t["observation"]) for t in traj["turns"]]
             candidates = kb.split(traj["split"]) if params.env.show_candidates else list(kb.entities)
+            if r.mode == "hr" and llm:
+                dialogues.append((traj, random.Random(rng.getrandbits(32))))
+                continue
             if r.mode == "hr":
                 places = proposer.critique(secret, candidates, history, params.env.max_turns, r.hr_top)
                 if not places:
@@ -117,7 +121,24 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
                 sites.append((traj, turn, PlayerView(candidates, history[:turn], turn, params.env.max_turns)))
 
     metrics: dict = {}
-    if not llm:
+    if llm and r.mode == "hr":
+        gen = make_generator(role, params.cache.path)
+        proposer_id = f"{role.backend}:{gen.model_id}"
+        prompts = [chat("controller.j2", secret=t["task_id"], dialogue=dialogue([(x["action"], x["observation"]) for x in t["turns"]]), top=r.hr_top) for t, _ in dialogues]
+        parsers = [partial(parse_controller, questions=[x["action"] for x in t["turns"]], top=r.hr_top) for t, _ in dialogues]
+        seeds = [derive_seed(role.seed, "controller", t["trajectory_id"]) for t, _ in dialogues]
+        outcomes = call_parsed(gen, prompts, seeds, parsers, role_sampling(role), role.parse_attempts)
+        for (traj, rng), outcome in zip(dialogues, outcomes):
+            if outcome.status != "ok":
+                emit(traj, None, 0, None, outcome.status, outcome.reason)
+                continue
+            place = rng.choice(outcome.value)  # HR: one of the named places, at random
+            counts["proposed"] += 1
+            # The critique uses hindsight and stays out of the action; HR's replacement is the
+            # utterance alone, so the spliced action has an empty reason.
+            emit(traj, place.turn, 0, Proposal(Action("", place.replacement), place.critique))
+        metrics["calls"] = account(outcomes, gen)
+    elif not llm:
         for traj, turn, view in sites:
             proposals = proposer.propose(kb.get(traj["task_id"]), view, r.n)
             counts["proposed"] += len(proposals)
@@ -148,7 +169,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
                 emit(traj, turn, rank, Proposal(Action(p.player_reason, p.question), p.teacher_reason))
         metrics["calls"] = account(outcomes, gen)
 
-    rows.sort(key=lambda row: (row["trajectory_id"], row["branch_turn"], row["rank"]))
+    rows.sort(key=lambda row: (row["trajectory_id"], row["branch_turn"] if row["branch_turn"] is not None else -1, row["rank"]))
     write_table(to_table(rows, "relabels"), out_dir / "relabels.parquet", "relabels")
     ok = sum(row["status"] == "ok" for row in rows)
     metrics = {"mode": r.mode, "relabels": ok, "not_proposed": len(rows) - ok, **dict(sorted(counts.items())), **metrics, "seconds": round(time.time() - t0, 1)}

@@ -93,3 +93,71 @@ def test_yes_no(text, answer):
 def test_yes_no_bad(text):
     with pytest.raises(ValueError, match="expected yes or no"):
         parse_yes_no(text)
+
+
+JUDGE = """Progress: 6
+It narrowed to animals quickly.
+Question quality: 7.5
+Good splits.
+Consistency: 8
+No repeats.
+Efficiency: 5
+Guessed late.
+Outcome: 9
+Found it.
+Overall: 7
+A solid game."""
+
+
+def test_rubric_reads_overall_and_does_not_recompute_it():
+    from envs.twenty_questions.llm_roles import parse_rubric
+
+    scores = parse_rubric(JUDGE)
+    assert scores["Overall"] == 7.0 and scores["Question quality"] == 7.5
+    assert parse_rubric(JUDGE.replace("Progress: 6", "**Progress**: 6"))["Progress"] == 6.0
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (JUDGE.replace("Overall: 7", "Overall: seven"), "missing scores: Overall"),
+        (JUDGE.replace("Consistency: 8", ""), "missing scores: Consistency"),
+        (JUDGE.replace("Outcome: 9", "Outcome: 12"), "outside 0..10: Outcome 12"),
+        ("=== GAME ===\n" + JUDGE, "repeats the prompt"),
+        ("", "missing scores"),
+    ],
+)
+def test_rubric_bad(text, message):
+    from envs.twenty_questions.llm_roles import parse_rubric
+
+    with pytest.raises(ValueError, match=message):
+        parse_rubric(text)
+
+
+ASKED = ["Is it an animal?", "Is it a pet?", "Is it Cat?"]
+
+
+def test_controller_places():
+    from envs.twenty_questions.llm_roles import parse_controller
+
+    out = parse_controller('1. "Is it a pet?";too narrow, the secret is wild;"Does it live in water?"/\n2. "is it cat?";guessed early;"Does it have fur?"', ASKED, 3)
+    assert [(p.turn, p.replacement) for p in out] == [(1, "Does it live in water?"), (2, "Does it have fur?")]
+    assert "wild" in out[0].critique
+    assert len(parse_controller('1. "Is it a pet?";x;"Is it big?"/\n2. "Is it Cat?";y;"Is it small?"/', ASKED, 1)) == 1
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('1. "Is it a bird?";x;"Is it big?"/', "never asked"),
+        ("The player should have asked better questions.", "not a place line"),
+        ('1. "Is it a pet?";x;"Is it a pet?"/', "no place to improve"),
+        ("", "no place to improve"),
+        ('Name the top 3 places\n1. "Is it a pet?";x;"Is it big?"/', "repeats the prompt"),
+    ],
+)
+def test_controller_bad(text, message):
+    from envs.twenty_questions.llm_roles import parse_controller
+
+    with pytest.raises(ValueError, match=message):
+        parse_controller(text, ASKED, 3)

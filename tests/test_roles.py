@@ -159,3 +159,44 @@ def test_collect_with_an_llm_simulator_counts_every_answer(tiny_model_dir, tmp_p
     calls = m["simulator_calls"]
     assert calls["requests"] == round(m["train"]["mean_turns"] * m["train"]["episodes"]) > 0  # one answer per turn
     assert m["train"]["simulator_failures"] == calls["invalid"] + calls["failed"]
+
+
+def test_hr_controller_and_rubric_judge_on_hf(tiny_model_dir, tmp_path):
+    """HR's hindsight controller and Refit's rubric judge as LLM roles: every dialogue gets a
+    relabel row and every trajectory a label row, ok or with the reason it is not."""
+    import pyarrow.parquet as pq
+
+    from conftest import tiny_params
+    from envs.twenty_questions.kb import load_kb
+    from envs.twenty_questions.policies import NoisyPolicy
+    from storage.parquet import write_table
+    from storage.schema import to_table
+    from tasks.label import run_label
+    from tasks.params import Params
+    from tasks.relabel import run_relabel
+    from tasks.rollout import ScriptedAgent, new_episode, play
+    from tasks.summarize import run_summarize
+
+    kb = load_kb()
+    eps = [new_episode(kb, task, "train", k, 6, False) for task in kb.split("train")[:2] for k in range(2)]
+    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    trajs = tmp_path / "trajectories.parquet"
+    write_table(to_table([e.to_row() for e in eps], "trajectories"), trajs, "trajectories")
+    llm = {"backend": "hf", "model": str(tiny_model_dir), "sampling": {"max_new_tokens": 12}, "parse_attempts": 2, "max_failure_rate": 1.0}
+    p = Params.model_validate(tiny_params({
+        "env": {"max_turns": 6},
+        "roles": {"proposer": llm, "labeler": {**llm, "mode": "rubric"}},
+        "relabel": {"mode": "hr"},
+    }))
+    run_summarize(p, trajs, tmp_path)  # the oracle summarizer
+    m = run_relabel(p, trajs, tmp_path / "summaries.parquet", tmp_path / "relabel")
+    rows = pq.read_table(tmp_path / "relabel/relabels.parquet").to_pylist()
+    assert m["calls"]["requests"] == 4 == len(rows) + m["dropped_equal"]  # one call, one row per dialogue
+    assert all(r["reason"] and r["branch_turn"] is None for r in rows if r["status"] != "ok")
+    assert all(r["counterfactual_text"].startswith("REASON:") for r in rows if r["status"] == "ok")
+
+    m = run_label(p, [trajs], tmp_path / "label")
+    labels = pq.read_table(tmp_path / "label/labels.parquet").to_pylist()
+    assert len(labels) == 4 and m["calls"]["requests"] == 4
+    assert all((r["scores"] is None) == (r["status"] != "ok") for r in labels)
+    assert m["calibration"]["pairs"] == 0 or m["calibration"]["mae"] is None  # rubric scores are not on the return's scale

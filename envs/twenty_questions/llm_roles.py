@@ -18,7 +18,10 @@ from .format import _TEMPLATES
 PROMPTS = Path(__file__).parent / "prompts"
 
 # Marks of our prompts that an answer never contains unless it is repeating the prompt.
-_ECHO_MARKS = ("## Questions and answers", "## Summary of the whole game", "<Game", "Reply with", "Now rate this game")
+_ECHO_MARKS = (
+    "## Questions and answers", "## Summary of the whole game", "<Game", "Reply with", "Now rate this game",
+    "=== GAME ===", "Name the top", "Use exactly these labels",
+)
 
 
 def template_hash(*names: str) -> str:
@@ -132,6 +135,66 @@ def parse_reward(text: str, low: float, high: float) -> float:
     if not low <= value <= high:
         raise ValueError(f"reward {value:g} outside [{low:g}, {high:g}]")
     return value
+
+
+# ---- rubric judge (Refit's labeler) ----
+
+RUBRIC = ("Progress", "Question quality", "Consistency", "Efficiency", "Outcome", "Overall")
+_RUBRIC_LINE = re.compile(r"^\s*\**\s*(%s)\s*\**\s*:\s*\**\s*(-?\d+(?:\.\d+)?)" % "|".join(map(re.escape, RUBRIC)), re.I | re.M)
+
+
+def parse_rubric(text: str) -> dict[str, float]:
+    """Every criterion's 0-10 score, Overall included. Overall is read, never recomputed: a
+    judge's holistic score need not be the mean of the others. The first score of a label wins."""
+    _no_echo(text)
+    scores: dict[str, float] = {}
+    for name, value in _RUBRIC_LINE.findall(text):
+        key = next(f for f in RUBRIC if f.lower() == name.lower())
+        scores.setdefault(key, float(value))
+    missing = [f for f in RUBRIC if f not in scores]
+    if missing:
+        raise ValueError(f"missing scores: {', '.join(missing)}")
+    bad = {k: v for k, v in scores.items() if not 0 <= v <= 10}
+    if bad:
+        raise ValueError("scores outside 0..10: " + ", ".join(f"{k} {v:g}" for k, v in bad.items()))
+    return scores
+
+
+# ---- hindsight controller (HR) ----
+
+_PLACE = re.compile(r'^\s*\d+\.\s*"(?P<said>[^"]+)"\s*;(?P<critique>[^;]*);\s*"(?P<instead>[^"]+)"\s*/?\s*$')
+
+
+@dataclass(frozen=True)
+class Place:
+    turn: int  # 0-based index of the player's question that the controller quoted
+    critique: str  # hindsight; may use the secret, never enters the action
+    replacement: str
+
+
+def parse_controller(text: str, questions: list[str], top: int) -> list[Place]:
+    """HR's `1. "said";critique;"instead"/` lines. A quote must be one of the player's questions
+    (so the place is known); lines that are not places, or quote nothing the player asked, are
+    refused with the output rather than guessed at."""
+    _no_echo(text)
+    norm = [" ".join(q.lower().split()) for q in questions]
+    places, seen = [], set()
+    for line in (line for line in text.strip().splitlines() if line.strip()):
+        m = _PLACE.match(line)
+        if not m:
+            raise ValueError(f"not a place line: {line.strip()[:60]!r}")
+        said = " ".join(m["said"].lower().split())
+        turn = next((i for i, q in enumerate(norm) if q == said), None)
+        if turn is None:
+            raise ValueError(f"quotes {m['said'][:60]!r}, which the player never asked")
+        instead = " ".join(m["instead"].split())
+        if turn in seen or " ".join(instead.lower().split()) == said:
+            continue  # a place named twice, or a replacement equal to what was said
+        seen.add(turn)
+        places.append(Place(turn, " ".join(m["critique"].split()), instead))
+    if not places:
+        raise ValueError("no place to improve")
+    return places[:top]
 
 
 # ---- simulator (the answerer, as an LLM) ----
