@@ -1,8 +1,10 @@
 """regenerate (forward regeneration): splice each counterfactual into its prefix and play on.
 
 The prefix is the logged one, observations included (never asked again); the counterfactual is
-executed in the environment, and the current policy completes the episode. Every new trajectory
-names its parent, the turn it branched at and the relabel it came from.
+executed in the environment (its simulator answers it). Then either the current policy plays
+the episode on against the simulator (roles.forward.backend: policy, as HOPE does), or an LLM
+forward model writes the rest of the game, both sides (HR). Every new trajectory names its
+parent, the turn it branched at and the relabel it came from.
 """
 from __future__ import annotations
 
@@ -10,14 +12,17 @@ import json
 import time
 from pathlib import Path
 
+from envs.twenty_questions.format import render_action
+from envs.twenty_questions.game import Game
 from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.llm_roles import chat, dialogue, parse_continuation
 from models.base import SamplingParams
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
-from tasks.roles import generation_stats, policy_generator, require_oracle
+from tasks.roles import account, call_parsed, check_failure_rate, generation_stats, make_generator, policy_generator, role_sampling
 from tasks.rollout import Episode, LMAgent, Simulator, derive_seed, episode_from_prefix, episode_stats, play
-from tasks.simulator import check_simulator, make_simulator, simulator_stats
+from tasks.simulator import check_simulator, llm_answer, make_simulator, simulator_stats
 
 
 def splice(params: Params, parent: dict, relabel: dict, simulator: Simulator | None = None) -> Episode:
@@ -43,27 +48,77 @@ def splice_all(params: Params, pairs: list[tuple[dict, dict]], simulator: Simula
     return episodes
 
 
+def forward_parser(params: Params, kb, ep: Episode):
+    """Parses the forward model's continuation of `ep` and checks, by replaying it, that the game
+    ends exactly at its last line (a win, or the last question answered)."""
+
+    def parse(text: str) -> list[tuple[str, str]]:
+        pairs = parse_continuation(text, len(ep.turns) + 1, params.env.max_turns)
+        game = Game(kb, ep.task, max_turns=params.env.max_turns)
+        game.restore(list(ep.game.history))
+        for k, (q, a) in enumerate(pairs):
+            if game.done:
+                raise ValueError(f"Q{len(ep.turns) + k + 1} comes after the game ended")
+            game.step(q, llm_answer(kb, ep.task, q, a))
+        if not game.done:
+            raise ValueError(f"the continuation stops at Q{len(ep.turns) + len(pairs)} before the game ends")
+        return pairs
+
+    return parse
+
+
+def forward_llm(params: Params, episodes: list[Episode], kb) -> tuple[list[Episode], dict]:
+    """HR's forward model: an LLM writes the rest of each spliced game, questions and answers.
+    Returns the completed episodes and the accounting; a game it could not complete is left out
+    of the table and listed with its reason."""
+    role = params.roles.forward
+    gen = make_generator(role, params.cache.path)
+    todo = [ep for ep in episodes if not ep.done]
+    prompts = [
+        chat("forward.j2", secret=ep.task.name, category=ep.task.category, max_turns=params.env.max_turns, dialogue=dialogue(list(ep.game.history)), start=len(ep.turns) + 1)
+        for ep in todo
+    ]
+    seeds = [derive_seed(role.seed, "forward", ep.relabel_id) for ep in todo]
+    outcomes = call_parsed(gen, prompts, seeds, [forward_parser(params, kb, ep) for ep in todo], role_sampling(role), role.parse_attempts)
+    failed = []
+    for ep, o in zip(todo, outcomes):
+        ep.policy_id = f"forward:{gen.model_id}"
+        if o.status != "ok":
+            failed.append({"relabel_id": ep.relabel_id, "status": o.status, "reason": o.reason})
+            continue
+        for q, a in o.value:
+            ep.apply(render_action("", q), llm_answer(kb, ep.task, q, a))
+    done = [ep for ep in episodes if ep.done]
+    return done, {"forward_calls": account(outcomes, gen), "forward_failures": failed}
+
+
 def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/trajectories.parquet (source = regeneration) and out_dir/metrics.json."""
-    require_oracle(params, "forward")
     t0 = time.time()
-    g = params.regenerate
+    g, kb = params.regenerate, load_kb()
     parents = {t["trajectory_id"]: t for t in read_table(trajectories, "trajectories").to_pylist()}
     relabel_rows = [r for r in read_table(relabels, "relabels").to_pylist() if r["status"] == "ok"]  # the rest have no counterfactual
     missing = [r["relabel_id"] for r in relabel_rows if r["trajectory_id"] not in parents]
     if missing:
         raise ValueError(f"{relabels}: {len(missing)} relabels name a trajectory not in {trajectories} (first: relabel {missing[0]})")
-    generator = policy_generator(params, model_dir, g.batch_size)
-    simulator = make_simulator(params, load_kb())
+    simulator = make_simulator(params, kb)
     episodes = splice_all(params, [(parents[r["trajectory_id"]], r) for r in relabel_rows], simulator)
-    for ep in episodes:
-        ep.policy_id = generator.model_id  # the continuation's policy (the prefix is the parent's)
     ended_at_branch = sum(ep.done for ep in episodes)
-    play(episodes, LMAgent(generator, SamplingParams(**g.sampling.model_dump())), derive_seed(params.seed, "regenerate"), "regenerate", simulator)
+    extra: dict = {}
+    if params.roles.forward.backend == "policy":
+        # HOPE: the current policy plays on against the simulator.
+        generator = policy_generator(params, model_dir, g.batch_size)
+        for ep in episodes:
+            ep.policy_id = generator.model_id  # the continuation's policy (the prefix is the parent's)
+        play(episodes, LMAgent(generator, SamplingParams(**g.sampling.model_dump())), derive_seed(params.seed, "regenerate"), "regenerate", simulator)
+        extra.update(generation_stats(generator))
+    else:
+        episodes, extra = forward_llm(params, episodes, kb)
     rows = sorted((e.to_row() for e in episodes), key=lambda r: r["trajectory_id"])
     write_table(to_table(rows, "trajectories"), out_dir / "trajectories.parquet", "trajectories")
     used_parents = [parents[r["trajectory_id"]] for r in relabel_rows]
     metrics = {
+        "relabels": len(relabel_rows),
         "regenerations": len(rows),
         "ended_at_branch": ended_at_branch,
         "regenerated": episode_stats(episodes),
@@ -72,10 +127,12 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
             "success_rate": sum(bool(p["success"]) for p in used_parents) / max(1, len(used_parents)),
             "mean_return": sum(p["return"] for p in used_parents) / max(1, len(used_parents)),
         },
-        **generation_stats(generator),
+        **extra,
         **simulator_stats(simulator),
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     check_simulator("regenerate", simulator, metrics)
+    if "forward_calls" in metrics:
+        check_failure_rate("regenerate", "forward", params.roles.forward, metrics["forward_calls"])
     return metrics

@@ -143,10 +143,3 @@ def generation_stats(gen: Generator) -> dict:
         out["prompt_tokens"] = dict(gen.stats)
     return out
 
-
-def require_oracle(params: Params, *names: str) -> None:
-    """Stages whose LLM version is not built yet say so, rather than quietly using the oracle."""
-    for name in names:
-        backend = getattr(params.roles, name).backend
-        if backend not in ("oracle", "policy"):
-            raise NotImplementedError(f"roles.{name}.backend: {backend!r} is not supported by this stage yet; use oracle")

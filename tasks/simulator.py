@@ -11,12 +11,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from envs.twenty_questions.game import Answer
-from envs.twenty_questions.kb import KnowledgeBase
+from envs.twenty_questions.kb import Entity, KnowledgeBase
 from envs.twenty_questions.llm_roles import chat, parse_yes_no
 from models.base import Generator
 from tasks.params import Params, RoleParams
 from tasks.roles import Outcome, account, call_parsed, check_failure_rate, make_generator, role_sampling
 from tasks.rollout import Episode, derive_seed
+
+
+def llm_answer(kb: KnowledgeBase, secret: Entity, question: str, text: str) -> Answer:
+    """A model's yes/no/unknown as the environment's answer: a win needs a yes to a guess that
+    names the secret."""
+    guess = kb.resolve_guess(question)
+    return Answer(text, is_guess=guess is not None, correct=text == "yes" and guess == secret)
 
 
 class LLMSimulator:
@@ -36,7 +43,7 @@ class LLMSimulator:
                 ep.simulator_failures += 1
                 answers.append(Answer("unknown", is_guess=guess is not None, correct=False))
                 continue
-            answers.append(Answer(o.value, is_guess=guess is not None, correct=o.value == "yes" and guess == ep.task))
+            answers.append(llm_answer(self.kb, ep.task, q, o.value))
         return answers
 
 

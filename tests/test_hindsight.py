@@ -179,3 +179,38 @@ def test_label_reports_a_logged_return_that_disagrees_with_the_replay(logged, tm
     lab = {r["trajectory_id"]: r for r in pq.read_table(tmp_path / "out/labels.parquet").to_pylist()}
     first = lab[rows[0]["trajectory_id"]]
     assert first["reward"] == first["env_reward"] + 5 and "logged return" in first["reason"]
+
+
+def test_forward_model_continuation_must_end_the_game_at_its_last_line(logged, tmp_path):
+    from tasks.regenerate import forward_parser
+
+    p = params()
+    run_relabel(p, logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path)
+    r = next(r for r in read_table(tmp_path / "relabels.parquet").to_pylist() if r["status"] == "ok")
+    parent = next(t for t in read_table(logged / "trajectories.parquet").to_pylist() if t["trajectory_id"] == r["trajectory_id"])
+    ep = splice(p, parent, r)
+    assert not ep.done
+    k, secret, other = len(ep.turns) + 1, ep.task.name, next(e.name for e in KB.entities if e != ep.task)
+    parse = forward_parser(p, KB, ep)
+    assert parse(f"Q{k}: Is it {other}?\nA{k}: no\nQ{k + 1}: Is it {secret}?\nA{k + 1}: yes") == [(f"Is it {other}?", "no"), (f"Is it {secret}?", "yes")]
+    with pytest.raises(ValueError, match="before the game ends"):
+        parse(f"Q{k}: Is it {other}?\nA{k}: no")
+    with pytest.raises(ValueError, match="before the game ends"):
+        parse(f"Q{k}: Is it {other}?\nA{k}: yes")  # a yes to the wrong object is no win
+    with pytest.raises(ValueError, match="after the game ended"):
+        parse(f"Q{k}: Is it {secret}?\nA{k}: yes\nQ{k + 1}: Is it red?\nA{k + 1}: no")
+    # Running out of questions also ends the game.
+    last = "\n".join(f"Q{i}: Is it {other}?\nA{i}: no" for i in range(k, 21))
+    assert len(parse(last)) == 21 - k
+
+
+def test_llm_forward_model_lists_the_games_it_could_not_complete(logged, tmp_path, tiny_model_dir):
+    llm = {"backend": "hf", "model": str(tiny_model_dir), "sampling": {"max_new_tokens": 16}, "parse_attempts": 1, "max_failure_rate": 1.0}
+    p = params(roles={"forward": llm})
+    run_relabel(p, logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path / "relabel")
+    m = run_regenerate(p, logged / "trajectories.parquet", tmp_path / "relabel/relabels.parquet", tiny_model_dir, tmp_path / "regen")
+    regens = read_table(tmp_path / "regen/trajectories.parquet", "trajectories").to_pylist()
+    calls = m["forward_calls"]
+    assert m["relabels"] == m["ended_at_branch"] + calls["requests"]
+    assert m["regenerations"] == len(regens) == m["ended_at_branch"] + calls["ok"]
+    assert len(m["forward_failures"]) == calls["invalid"] + calls["failed"] and all(f["reason"] for f in m["forward_failures"])

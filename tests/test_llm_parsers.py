@@ -161,3 +161,29 @@ def test_controller_bad(text, message):
 
     with pytest.raises(ValueError, match=message):
         parse_controller(text, ASKED, 3)
+
+
+def test_continuation_good():
+    from envs.twenty_questions.llm_roles import parse_continuation
+
+    assert parse_continuation("Q3: Is it big?\nA3: no\nQ4: Is it Cat?\nA4: Yes.", 3, 20) == [("Is it big?", "no"), ("Is it Cat?", "yes")]
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("Q4: Is it big?\nA4: no", "expected 'Q3"),
+        ("Q3: Is it big?", "Q3 has no answer"),
+        ("Q3: Is it big?\nA3: perhaps", "expected 'A3: yes|no'"),
+        ("Q3: Is it big?\nA3: no\nQ5: Is it red?\nA5: no", "expected 'Q4"),
+        ("Q20: Is it big?\nA20: no\nQ21: Is it red?\nA21: no", "past the game's 20"),
+        ("", "empty continuation"),
+        ("Here is the start of a game:\nQ3: x\nA3: no", "repeats the prompt"),
+    ],
+)
+def test_continuation_bad(text, message):
+    from envs.twenty_questions.llm_roles import parse_continuation
+
+    start = 20 if text.startswith("Q20") else 3
+    with pytest.raises(ValueError, match=message):
+        parse_continuation(text, start, 20)

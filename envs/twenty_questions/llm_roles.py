@@ -20,7 +20,7 @@ PROMPTS = Path(__file__).parent / "prompts"
 # Marks of our prompts that an answer never contains unless it is repeating the prompt.
 _ECHO_MARKS = (
     "## Questions and answers", "## Summary of the whole game", "<Game", "Reply with", "Now rate this game",
-    "=== GAME ===", "Name the top", "Use exactly these labels",
+    "=== GAME ===", "Name the top", "Use exactly these labels", "Here is the start of a game",
 )
 
 
@@ -195,6 +195,36 @@ def parse_controller(text: str, questions: list[str], top: int) -> list[Place]:
     if not places:
         raise ValueError("no place to improve")
     return places[:top]
+
+
+# ---- forward model (HR): the rest of the game, both sides ----
+
+_Q_LINE = re.compile(r"^\s*Q(\d+):\s*(.+?)\s*$")
+_A_LINE = re.compile(r"^\s*A(\d+):\s*(yes|no|unknown)\b", re.I)
+
+
+def parse_continuation(text: str, start: int, max_turns: int) -> list[tuple[str, str]]:
+    """(question, answer) pairs from "Q<n>: ..." / "A<n>: yes|no" lines, numbered on from
+    `start` (1-based), alternating, each question answered, none past question max_turns."""
+    _no_echo(text)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("empty continuation")
+    pairs: list[tuple[str, str]] = []
+    for i in range(0, len(lines), 2):
+        number = start + i // 2
+        q = _Q_LINE.match(lines[i])
+        if not q or int(q.group(1)) != number:
+            raise ValueError(f"line {i + 1}: expected 'Q{number}: <question>', got {lines[i].strip()[:50]!r}")
+        if number > max_turns:
+            raise ValueError(f"question {number} is past the game's {max_turns}")
+        if i + 1 >= len(lines):
+            raise ValueError(f"Q{number} has no answer")
+        a = _A_LINE.match(lines[i + 1])
+        if not a or int(a.group(1)) != number:
+            raise ValueError(f"line {i + 2}: expected 'A{number}: yes|no', got {lines[i + 1].strip()[:50]!r}")
+        pairs.append((q.group(2), a.group(2).lower()))
+    return pairs
 
 
 # ---- simulator (the answerer, as an LLM) ----
