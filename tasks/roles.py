@@ -25,10 +25,27 @@ class RoleFailure(RuntimeError):
     """A stage's role failed on more requests than its max_failure_rate allows."""
 
 
+# One vLLM engine per (model, settings) in a process: roles that name the same model share it
+# (an engine takes most of a GPU, or a minute to start on CPU). hf models are small here and
+# load per stage; their kept keys and values belong to one role's dialogues.
+_ENGINES: dict[tuple, Generator] = {}
+
+
 def make_generator(role: RoleParams, cache_path: str | Path | None, model: str | Path | None = None, batch_size: int | None = None) -> Generator:
     """The role's backend, behind the response cache (None: uncached). `model` overrides the
     role's model (evaluate plays each trained checkpoint with the policy role's backend)."""
     path = str(model or role.model)
+    if role.backend == "vllm":
+        key = (path, role.dtype, role.gpu_memory_utilization, role.max_model_len, role.tensor_parallel_size)
+        if key not in _ENGINES:
+            _ENGINES[key] = _backend(role, path, batch_size)
+        gen = _ENGINES[key]
+    else:
+        gen = _backend(role, path, batch_size)
+    return CachedGenerator(gen, ResponseCache(cache_path)) if cache_path else gen
+
+
+def _backend(role: RoleParams, path: str, batch_size: int | None) -> Generator:
     if role.backend == "hf":
         from models.hf import HFGenerator
 
@@ -56,7 +73,7 @@ def make_generator(role: RoleParams, cache_path: str | Path | None, model: str |
         )
     else:
         raise ValueError(f"backend {role.backend!r} does not generate text")
-    return CachedGenerator(gen, ResponseCache(cache_path)) if cache_path else gen
+    return gen
 
 
 def role_sampling(role: RoleParams) -> SamplingParams:
