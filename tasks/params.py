@@ -49,6 +49,8 @@ class RoleParams(Strict):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)  # vllm: share of GPU memory (on CPU, sizes the KV cache)
     max_model_len: int | None = Field(None, ge=64)  # vllm
     tensor_parallel_size: int = Field(1, ge=1)  # vllm on several GPUs
+    kv_cache_memory_bytes: int | None = Field(None, ge=1)  # vllm: the KV cache's size, over gpu_memory_utilization (on CPU, set this)
+    enforce_eager: bool = False  # vllm: no torch.compile or CUDA graphs: slower steps, much faster start
 
     @model_validator(mode="after")
     def _backend_needs(self) -> "RoleParams":

@@ -36,7 +36,7 @@ def make_generator(role: RoleParams, cache_path: str | Path | None, model: str |
     role's model (evaluate plays each trained checkpoint with the policy role's backend)."""
     path = str(model or role.model)
     if role.backend == "vllm":
-        key = (path, role.dtype, role.gpu_memory_utilization, role.max_model_len, role.tensor_parallel_size)
+        key = (path, role.dtype, role.gpu_memory_utilization, role.max_model_len, role.tensor_parallel_size, role.kv_cache_memory_bytes, role.enforce_eager)
         if key not in _ENGINES:
             _ENGINES[key] = _backend(role, path, batch_size)
         gen = _ENGINES[key]
@@ -59,13 +59,15 @@ def _backend(role: RoleParams, path: str, batch_size: int | None) -> Generator:
             max_model_len=role.max_model_len,
             gpu_memory_utilization=role.gpu_memory_utilization,
             tensor_parallel_size=role.tensor_parallel_size,
+            kv_cache_memory_bytes=role.kv_cache_memory_bytes,
+            enforce_eager=role.enforce_eager,
         )
     elif role.backend == "openai":
         from models.openai import OpenAIGenerator
 
         gen = OpenAIGenerator(
-            role.base_url,
-            path,
+            model=path,
+            base_url=role.base_url,
             api_key_env=role.api_key_env,
             concurrency=role.concurrency,
             timeout=role.timeout,
@@ -158,5 +160,7 @@ def generation_stats(gen: Generator) -> dict:
         gen = gen.inner
     if gen.backend == "hf":
         out["prompt_tokens"] = dict(gen.stats)
+    elif hasattr(gen, "stats"):
+        out[f"{gen.backend}_stats"] = dict(gen.stats)  # vllm: requests, prompt tokens; openai: attempts, retries
     return out
 

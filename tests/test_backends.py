@@ -27,6 +27,7 @@ BIN = Path(sys.executable).parent
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=8)
 SAMPLED = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=8)
 KV_CACHE_BYTES = 64 << 20  # on CPU, sized explicitly: the fraction-of-RAM rule counts the whole process
+MAX_LEN = 1024  # the tiny model's positions; a role's prompt (rules, a whole game) runs to ~600 tokens
 
 
 def _conversation(n: int) -> list[dict]:
@@ -67,7 +68,7 @@ def vllm_gen(model_dir):
     from models.vllm import VLLMGenerator
 
     try:
-        yield VLLMGenerator(model_dir, dtype="float32", max_model_len=256, enforce_eager=True, kv_cache_memory_bytes=KV_CACHE_BYTES)
+        yield VLLMGenerator(model_dir, dtype="float32", max_model_len=MAX_LEN, enforce_eager=True, kv_cache_memory_bytes=KV_CACHE_BYTES)
     finally:
         if old is None:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
@@ -105,10 +106,10 @@ def test_vllm_a_requests_text_does_not_depend_on_its_batch(vllm_gen):
 
 @pytest.mark.slow
 def test_vllm_a_failing_request_fails_alone(vllm_gen):
-    too_long = [{"role": "user", "content": "Turn 1 of 20. " * 200}]  # far past max_model_len=256
+    too_long = [{"role": "user", "content": "Turn 1 of 20. " * 600}]  # far past max_model_len
     before = dict(vllm_gen.stats)
     out = vllm_gen.generate([CONVS[0], too_long, CONVS[1]], GREEDY, [0, 0, 0])
-    assert not out[1].ok and "max_model_len is 256" in out[1].error and out[1].text == ""
+    assert not out[1].ok and f"max_model_len is {MAX_LEN}" in out[1].error and out[1].text == ""
     assert [out[0], out[2]] == vllm_gen.generate([CONVS[0], CONVS[1]], GREEDY, [0, 0])
     assert vllm_gen.stats["failures"] - before["failures"] == 1
     with pytest.raises(ValueError, match="2 seeds"):
@@ -134,7 +135,7 @@ def vllm_server(model_dir, tmp_path_factory):
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name", "tiny",
         "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
+        "--dtype", "float32", "--max-model-len", str(MAX_LEN), "--enforce-eager",
         "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
     ]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
@@ -390,3 +391,84 @@ def test_openai_api_key_comes_from_the_named_variable(double, monkeypatch):
     assert "sk-test-secret" not in repr(vars(gen))  # the generator keeps only the variable's name
     failing = OpenAIGenerator("always-503", base_url=double.url, api_key_env="RETROSIGHT_TEST_KEY", max_retries=0)
     assert "sk-test-secret" not in failing.generate(CONVS[:1], GREEDY, [0])[0].error
+
+
+# --- every role on one LLM backend, end to end ---------------------------------------------------
+
+
+def _run_short_pipeline(params, policy_model, work: Path) -> dict:
+    """collect (policy and simulator), summarize, relabel, regenerate (forward model), label:
+    every role on the LLM backend."""
+    from tasks.collect import run_collect
+    from tasks.label import run_label
+    from tasks.regenerate import run_regenerate
+    from tasks.relabel import run_relabel
+    from tasks.summarize import run_summarize
+
+    trajs = work / "collect/trajectories.parquet"
+    return {
+        "collect": run_collect(params, policy_model, work / "collect"),
+        "summarize": run_summarize(params, trajs, work / "summarize"),
+        "relabel": run_relabel(params, trajs, work / "summarize/summaries.parquet", work / "relabel"),
+        "regenerate": run_regenerate(params, trajs, work / "relabel/relabels.parquet", policy_model, work / "regenerate"),
+        "label": run_label(params, [trajs, work / "regenerate/trajectories.parquet"], work / "label"),
+    }
+
+
+def _backend_calls(metrics: dict) -> int:
+    """Requests that reached the backend (cache misses), over every stage and role."""
+    total = 0
+    for stage in metrics.values():
+        for key in ("cache", "calls", "simulator_calls", "forward_calls"):
+            node = stage.get(key)
+            if isinstance(node, dict):
+                total += node["cache"]["misses"] if "cache" in node else node["misses"]
+    return total
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["hf", "vllm", "openai"])
+def test_every_role_on_an_llm_backend_end_to_end(backend, model_dir, tmp_path, request):
+    """The plumbing, not the text (the model is untrained): every role runs on the backend,
+    every request is accounted for, and a second run is served from the cache alone."""
+    import pyarrow.parquet as pq
+
+    from conftest import tiny_params
+    from tasks.params import Params
+
+    role: dict = {"backend": backend, "model": str(model_dir), "sampling": {"max_new_tokens": 8}, "parse_attempts": 1, "max_failure_rate": 1.0}
+    policy_model: str | Path = model_dir
+    if backend == "vllm":
+        from tasks import roles as roles_module
+
+        role |= {"dtype": "float32", "max_model_len": MAX_LEN, "enforce_eager": True, "kv_cache_memory_bytes": KV_CACHE_BYTES}
+        # The roles share the module's engine (tasks.roles keeps one per model and settings in a
+        # process) rather than starting a second engine beside it.
+        key = (str(model_dir), "float32", 0.5, MAX_LEN, 1, KV_CACHE_BYTES, True)
+        roles_module._ENGINES.setdefault(key, request.getfixturevalue("vllm_gen"))
+    if backend == "openai":
+        role |= {"model": "tiny", "base_url": request.getfixturevalue("vllm_server")}
+        policy_model = "tiny"  # the served name stands for the model directory
+    roles = {name: dict(role) for name in ("policy", "simulator", "summarizer", "proposer", "forward", "labeler")}
+    params = Params.model_validate(tiny_params({
+        "env": {"max_turns": 4},
+        "roles": roles,
+        "collect": {"splits": ["train"], "m": 2, "limit_tasks": 2, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 8}},
+        "relabel": {"k": 2, "t": 1, "n": 1, "window": [0.0, 1.0]},
+    }))
+    first = _run_short_pipeline(params, policy_model, tmp_path / "first")
+    assert _backend_calls(first) > 0
+    c = first["collect"]
+    assert c["trajectories"] == 4 and c["simulator_calls"]["requests"] == round(c["train"]["mean_turns"] * 4)
+    assert first["summarize"]["trajectories"] == 4 and first["summarize"]["calls"]["requests"] == 4
+    assert first["relabel"]["calls"]["requests"] == first["relabel"]["timesteps"] == 4
+    assert first["label"]["calls"]["requests"] == first["label"]["labels"] == 4 + first["regenerate"]["regenerations"]
+    for name, m in first.items():
+        for key in ("calls", "simulator_calls", "forward_calls"):
+            if key in m:
+                assert m[key]["ok"] + m[key]["invalid"] + m[key]["failed"] == m[key]["requests"], (name, key)
+
+    again = _run_short_pipeline(params, policy_model, tmp_path / "again")
+    assert _backend_calls(again) == 0
+    for table in ("collect/trajectories", "summarize/summaries", "relabel/relabels", "regenerate/trajectories", "label/labels"):
+        assert pq.read_table(tmp_path / "first" / f"{table}.parquet").equals(pq.read_table(tmp_path / "again" / f"{table}.parquet")), table
