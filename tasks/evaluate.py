@@ -49,6 +49,9 @@ def policies(params: Params, train_dir: Path) -> dict[str, Path]:
 
 def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/metrics.json, out_dir/episodes.parquet and out_dir/plots/success_<split>.json."""
+    if params.roles.policy.backend == "openai":
+        raise ValueError("evaluate plays the trained checkpoints in data/train/models, which an openai endpoint does not serve: "
+                         "set roles.policy.backend to hf or vllm for evaluate")
     t0 = time.time()
     e, kb = params.evaluate, load_kb()
     results, rows = {}, []
