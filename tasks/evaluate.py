@@ -16,7 +16,7 @@ from models.base import SamplingParams
 from storage.parquet import write_table
 from storage.schema import to_table
 from tasks.params import Params
-from tasks.roles import policy_generator
+from tasks.roles import generation_stats, policy_generator
 from tasks.simulator import check_simulator, make_simulator, simulator_stats
 from tasks.rollout import Episode, LMAgent, derive_seed, new_episode, play
 
@@ -69,6 +69,7 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
             "policy_id": generator.model_id,
             **{split: summary([ep for ep in episodes if ep.split == split]) for split in e.splits},
             "heldout": summary(episodes),
+            **generation_stats(generator),
         }
         rows += [ep.to_row() for ep in episodes]
     rows.sort(key=lambda r: (r["policy_id"], r["split"], r["task_id"], r["seed"]))
