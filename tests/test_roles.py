@@ -61,6 +61,27 @@ def test_failure_rate_threshold():
         check_failure_rate("label", "labeler", role, stats)
 
 
+def _logged_games(tmp_path, n_tasks: int):
+    """Noisy scripted games, 2 per task on the first n_tasks train tasks, 6 turns at most."""
+    from envs.twenty_questions.kb import load_kb
+    from envs.twenty_questions.policies import NoisyPolicy
+    from storage.parquet import write_table
+    from storage.schema import to_table
+    from tasks.rollout import ScriptedAgent, new_episode, play
+
+    kb = load_kb()
+    eps = [new_episode(kb, task, "train", k, 6, False) for task in kb.split("train")[:n_tasks] for k in range(2)]
+    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    trajs = tmp_path / "trajectories.parquet"
+    write_table(to_table([e.to_row() for e in eps], "trajectories"), trajs, "trajectories")
+    return trajs
+
+
+def _llm_role(model_dir) -> dict:
+    """The untrained tiny model on hf, allowed to fail: these tests check the accounting."""
+    return {"backend": "hf", "model": str(model_dir), "sampling": {"max_new_tokens": 12}, "parse_attempts": 2, "max_failure_rate": 1.0}
+
+
 def test_llm_summarizer_and_labeler_on_hf_account_for_every_row(tiny_model_dir, tmp_path):
     """The summarize and label stages with an LLM role (the untrained tiny model on hf): its
     output is gibberish, so rows end invalid with their reasons, the stage fails past its failure
@@ -68,21 +89,11 @@ def test_llm_summarizer_and_labeler_on_hf_account_for_every_row(tiny_model_dir, 
     import pyarrow.parquet as pq
 
     from conftest import tiny_params
-    from envs.twenty_questions.kb import load_kb
-    from storage.parquet import write_table
-    from storage.schema import to_table
     from tasks.label import run_label
     from tasks.params import Params
-    from tasks.rollout import ScriptedAgent, new_episode, play
     from tasks.summarize import run_summarize
-    from envs.twenty_questions.policies import NoisyPolicy
 
-    kb = load_kb()
-    eps = [new_episode(kb, task, "train", k, 6, False) for task in kb.split("train")[:3] for k in range(2)]
-    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
-    trajs = tmp_path / "trajectories.parquet"
-    write_table(to_table([e.to_row() for e in eps], "trajectories"), trajs, "trajectories")
-    llm = {"backend": "hf", "model": str(tiny_model_dir), "sampling": {"max_new_tokens": 12}, "parse_attempts": 2, "max_failure_rate": 1.0}
+    trajs, llm = _logged_games(tmp_path, 3), _llm_role(tiny_model_dir)
     p = Params.model_validate(tiny_params({"env": {"max_turns": 6}, "roles": {"summarizer": llm, "labeler": {**llm, "few_shot": 2}}}))
 
     m = run_summarize(p, trajs, tmp_path / "summarize")
@@ -167,22 +178,12 @@ def test_hr_controller_and_rubric_judge_on_hf(tiny_model_dir, tmp_path):
     import pyarrow.parquet as pq
 
     from conftest import tiny_params
-    from envs.twenty_questions.kb import load_kb
-    from envs.twenty_questions.policies import NoisyPolicy
-    from storage.parquet import write_table
-    from storage.schema import to_table
     from tasks.label import run_label
     from tasks.params import Params
     from tasks.relabel import run_relabel
-    from tasks.rollout import ScriptedAgent, new_episode, play
     from tasks.summarize import run_summarize
 
-    kb = load_kb()
-    eps = [new_episode(kb, task, "train", k, 6, False) for task in kb.split("train")[:2] for k in range(2)]
-    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
-    trajs = tmp_path / "trajectories.parquet"
-    write_table(to_table([e.to_row() for e in eps], "trajectories"), trajs, "trajectories")
-    llm = {"backend": "hf", "model": str(tiny_model_dir), "sampling": {"max_new_tokens": 12}, "parse_attempts": 2, "max_failure_rate": 1.0}
+    trajs, llm = _logged_games(tmp_path, 2), _llm_role(tiny_model_dir)
     p = Params.model_validate(tiny_params({
         "env": {"max_turns": 6},
         "roles": {"proposer": llm, "labeler": {**llm, "mode": "rubric"}},
