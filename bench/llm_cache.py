@@ -54,15 +54,15 @@ def main() -> None:
         runs.append((name, time.perf_counter() - t0, metrics["calls"]))
     (_, t_first, c_first), (_, t_again, c_again) = runs
     hits, misses = c_again["cache"]["hits"], c_again["cache"]["misses"]
-    print(f"\n{args.role} on {params.roles.summarizer.backend if args.role == 'summarizer' else params.roles.labeler.backend}, "
-          f"{c_first['requests']} requests ({args.limit} trajectories)")
+    backend = getattr(params.roles, args.role).backend
+    table = "summaries.parquet" if args.role == "summarizer" else "labels.parquet"
+    same = pq.read_table(work / "first" / table).equals(pq.read_table(work / "rerun" / table))
+    print(f"\n{args.role} on {backend}, {c_first['requests']} requests ({args.limit} trajectories)")
     print(f"{'run':<8}{'seconds':>10}{'backend calls':>16}{'cache hits':>12}")
     for name, t, c in runs:
         print(f"{name:<8}{t:>10.2f}{c['cache']['misses']:>16}{c['cache']['hits']:>12}")
     print(f"rerun hit rate {hits / max(1, hits + misses):.1%}; time saved {t_first - t_again:.2f} s "
-          f"({t_first / max(t_again, 1e-9):.0f}x faster); outputs identical: "
-          f"{pq.read_table(work / 'first' / ('summaries.parquet' if args.role == 'summarizer' else 'labels.parquet')).equals(pq.read_table(work / 'rerun' / ('summaries.parquet' if args.role == 'summarizer' else 'labels.parquet')))}")
-
+          f"({t_first / max(t_again, 1e-9):.0f}x faster); outputs identical: {same}")
 
 if __name__ == "__main__":
     main()

@@ -24,7 +24,7 @@ from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
 from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
-from tasks.rollout import derive_seed
+from tasks.rollout import derive_seed, history
 
 ORACLE_VERSION = "oracle-labeler-v1"
 
@@ -40,17 +40,13 @@ def _oracle_labels(params: Params, trajs: list[dict]) -> list[tuple[float | None
     return out
 
 
-def _history(t: dict) -> list[tuple[str, str]]:
-    return [(turn["action"], turn["observation"]) for turn in t["turns"]]
-
-
 def _llm_labels(params: Params, trajs: list[dict], gen) -> tuple[list[tuple[float | None, str, str | None, str | None]], dict]:
     role, T = params.roles.labeler, params.env.max_turns
     prompts, seeds = [], []
     if role.mode == "rubric":
         # Refit's judge: criteria scored 0-10, then Overall; the reward is Overall / 10.
         for t in trajs:
-            prompts.append(chat("judge.j2", max_turns=T, secret=t["task_id"], dialogue=dialogue(_history(t))))
+            prompts.append(chat("judge.j2", max_turns=T, secret=t["task_id"], dialogue=dialogue(history(t))))
             seeds.append(derive_seed(role.seed, "judge", t["trajectory_id"]))
         outcomes = call_parsed(gen, prompts, seeds, parse_rubric, role_sampling(role), role.parse_attempts)
         labels = [(o.value["Overall"] / 10, o.status, o.reason, json.dumps(o.value)) if o.status == "ok" else (None, o.status, o.reason, None) for o in outcomes]
@@ -61,8 +57,8 @@ def _llm_labels(params: Params, trajs: list[dict], gen) -> tuple[list[tuple[floa
         rng = random.Random(derive_seed(role.seed, "label-shots", t["trajectory_id"]))
         others = [p for p in pool if p["trajectory_id"] != t["trajectory_id"]]
         shots = rng.sample(others, min(role.few_shot, len(others)))
-        examples = [{"dialogue": dialogue(_history(s)), "reward": s["return"]} for s in shots]
-        prompts.append(chat("labeler.j2", max_turns=T, examples=examples, dialogue=dialogue(_history(t))))
+        examples = [{"dialogue": dialogue(history(s)), "reward": s["return"]} for s in shots]
+        prompts.append(chat("labeler.j2", max_turns=T, examples=examples, dialogue=dialogue(history(t))))
         seeds.append(derive_seed(role.seed, "label", t["trajectory_id"]))
     outcomes = call_parsed(gen, prompts, seeds, lambda text: parse_reward(text, -T, 0), role_sampling(role), role.parse_attempts)
     return [(o.value, o.status, o.reason, None) for o in outcomes], account(outcomes, gen)

@@ -27,7 +27,7 @@ from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
 from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
-from tasks.rollout import derive_seed
+from tasks.rollout import derive_seed, history
 
 
 def window(num_turns: int, a: float, b: float) -> list[int]:
@@ -98,13 +98,13 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
         chosen = rng.sample(group, min(r.k, len(group))) if r.mode == "hope" else group
         for traj in chosen:
             counts["trajectories_relabelled"] += 1
-            history = [(t["action"], t["observation"]) for t in traj["turns"]]
+            played = history(traj)
             candidates = kb.split(traj["split"]) if params.env.show_candidates else list(kb.entities)
             if r.mode == "hr" and llm:
                 dialogues.append((traj, random.Random(rng.getrandbits(32))))
                 continue
             if r.mode == "hr":
-                places = proposer.critique(secret, candidates, history, params.env.max_turns, r.hr_top)
+                places = proposer.critique(secret, candidates, played, params.env.max_turns, r.hr_top)
                 if not places:
                     counts["no_place_to_improve"] += 1
                     continue
@@ -118,13 +118,13 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
                 continue
             for turn in sorted(rng.sample(turns, min(r.t, len(turns)))):
                 counts["timesteps"] += 1
-                sites.append((traj, turn, PlayerView(candidates, history[:turn], turn, params.env.max_turns)))
+                sites.append((traj, turn, PlayerView(candidates, played[:turn], turn, params.env.max_turns)))
 
     metrics: dict = {}
     if llm and r.mode == "hr":
         gen = make_generator(role, params.cache.path)
         proposer_id = f"{role.backend}:{gen.model_id}"
-        prompts = [chat("controller.j2", secret=t["task_id"], dialogue=dialogue([(x["action"], x["observation"]) for x in t["turns"]]), top=r.hr_top) for t, _ in dialogues]
+        prompts = [chat("controller.j2", secret=t["task_id"], dialogue=dialogue(history(t)), top=r.hr_top) for t, _ in dialogues]
         parsers = [partial(parse_controller, questions=[x["action"] for x in t["turns"]], top=r.hr_top) for t, _ in dialogues]
         seeds = [derive_seed(role.seed, "controller", t["trajectory_id"]) for t, _ in dialogues]
         outcomes = call_parsed(gen, prompts, seeds, parsers, role_sampling(role), role.parse_attempts)

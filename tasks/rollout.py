@@ -124,6 +124,11 @@ class Episode:
         return {"trajectory_id": trajectory_id(row), **row}
 
 
+def history(row: dict) -> list[tuple[str, str]]:
+    """A trajectory row's (question, answer) pairs: what the player asked and heard."""
+    return [(t["action"], t["observation"]) for t in row["turns"]]
+
+
 def episode_from_prefix(kb: KnowledgeBase, parent: dict, branch_turn: int, seed: int, max_turns: int, show_candidates: bool) -> Episode:
     """The episode `parent` (a trajectories row) was at just before its action number
     `branch_turn`: its messages and turns copied, and the game state restored from the logged
@@ -133,7 +138,7 @@ def episode_from_prefix(kb: KnowledgeBase, parent: dict, branch_turn: int, seed:
     ep = new_episode(kb, kb.get(parent["task_id"]), parent["split"], seed, max_turns, show_candidates)
     ep.messages = [dict(m) for m in parent["messages"][: 2 + 2 * branch_turn]]
     ep.turns = [dict(t) for t in parent["turns"][:branch_turn]]
-    ep.game.restore([(t["action"], t["observation"]) for t in ep.turns])
+    ep.game.restore(history({"turns": ep.turns}))
     return ep
 
 

@@ -18,7 +18,7 @@ from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
 from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
-from tasks.rollout import derive_seed
+from tasks.rollout import derive_seed, history
 
 
 def run_summarize(params: Params, trajectories: Path, out_dir: Path) -> dict:
@@ -26,7 +26,7 @@ def run_summarize(params: Params, trajectories: Path, out_dir: Path) -> dict:
     t0 = time.time()
     kb, role = load_kb(), params.roles.summarizer
     trajs = read_table(trajectories, "trajectories").to_pylist()
-    histories = [[(t["action"], t["observation"]) for t in traj["turns"]] for traj in trajs]
+    histories = [history(traj) for traj in trajs]
     metrics: dict = {}
     if role.backend == "oracle":
         model, prompt_hash = VERSION, hashlib.sha256(VERSION.encode()).hexdigest()[:12]
