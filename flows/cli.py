@@ -48,32 +48,84 @@ def _fail(msg: str) -> None:
 def run(
     stage: Annotated[Optional[str], typer.Argument(help="Run this stage and what depends on it.")] = None,
     force: Annotated[bool, typer.Option("--force", "-f", help="Rerun even if DVC finds nothing changed.")] = False,
+    only: Annotated[bool, typer.Option("--only", help="Run just STAGE, nothing after it; refused if its inputs are stale.")] = False,
+    set_param: Annotated[Optional[list[str]], typer.Option("--set-param", "-S", help="Override a param for this run, e.g. -S relabel.k=8 (recorded as a DVC experiment).")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", "-n", help="Save the run as a DVC experiment with this name.")] = None,
 ) -> None:
     """Reproduce the pipeline through DVC; stale stages run as Prefect flows, the rest are skipped."""
     from flows import pipeline as p
+    from flows.schedule import run_name
     from tasks.params import ParamsError, load_params
 
-    try:
-        load_params()  # fail before any work on a bad params.yaml
-    except ParamsError as e:
-        _fail(str(e))
     names = p.stage_names()
     if stage is not None and stage not in names:
         _fail(f"unknown stage '{stage}' (stages: {', '.join(names)})")
+    if only and stage is None:
+        _fail("--only needs a STAGE")
+    params_file = Path("params.yaml")
+    original = params_file.read_text()
+    try:
+        if set_param:
+            p.apply_overrides(set_param, params_file)
+        load_params()  # fail before any work on a bad params.yaml
+    except (ParamsError, ValueError) as e:
+        params_file.write_text(original)
+        _fail(str(e))
+    if only:
+        stale = p.stale_upstream(stage)
+        if stale:
+            _fail(f"--only {stage}: its inputs are stale ({', '.join(stale)} changed); run `retrosight run {stage}` to rerun them too")
     t0 = time.time()
-    if stage is None and not force and not p.stale_stages():
+    experiment = name or (run_name("run", None) if set_param else None)
+    if stage is None and not force and not experiment and not p.stale_stages():
         console.print(f"Pipeline is up to date; nothing to run ({time.time() - t0:.1f}s).")
         return
-    todo = p.downstream(stage) if stage else names
+    todo = [stage] if only else p.downstream(stage) if stage else names
     try:
         result = p.pipeline(todo, force=force)
     except p.StageFailed as e:  # DVC and the stage already printed the cause above
         _fail(str(e))
-    for name, outcome in result.items():
-        console.print(f"  {name}: {outcome}")
+    for stage_name, outcome in result.items():
+        console.print(f"  {stage_name}: {outcome}")
     console.print(f"Done in {time.time() - t0:.1f}s.")
+    if experiment:
+        what = " ".join(set_param or []) or "no overrides"
+        try:
+            p.save_experiment(experiment, f"retrosight run {stage or ''} {what}".replace("  ", " "))
+        except p.StageFailed as e:
+            _fail(str(e))
+        console.print(f"Saved as DVC experiment [bold]{experiment}[/] (see `retrosight versions`).")
     if "evaluate" in result:
         results()
+
+
+@app.command()
+def serve(
+    cron: Annotated[str, typer.Option(help='When to run, as a cron expression, e.g. "0 3 * * *".')],
+    name: Annotated[str, typer.Option(help="Deployment name; each run's experiment is named after it.")] = "nightly",
+    set_param: Annotated[Optional[list[str]], typer.Option("--set-param", "-S", help="Override a param in every scheduled run.")] = None,
+    push: Annotated[bool, typer.Option(help="dvc push to the default remote after each run.")] = True,
+    tz: Annotated[Optional[str], typer.Option("--timezone", help="Time zone of the cron expression (default UTC).")] = None,
+) -> None:
+    """Run the pipeline on a schedule: a Prefect deployment served from this workspace.
+
+    Needs a Prefect server (`prefect server start`, then PREFECT_API_URL). Each run is saved as a
+    DVC experiment named after it, pushed to the DVC remote, and gets a report under reports/.
+    """
+    from prefect.client.schemas.schedules import CronSchedule
+    from pydantic import ValidationError
+
+    from flows.schedule import FLOW_NAME
+    from flows.schedule import serve as serve_deployment
+
+    try:
+        CronSchedule(cron=cron, timezone=tz)
+    except ValidationError:
+        _fail(f"--cron '{cron}' --timezone {tz or 'UTC'}: not a cron expression (five fields, e.g. \"0 3 * * *\") or an unknown time zone")
+    if not os.environ.get("PREFECT_API_URL"):
+        _fail("serve needs a Prefect server: start one with `prefect server start` and set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
+    console.print(f"Serving {FLOW_NAME}/{name} on '{cron}'; trigger a run now with `prefect deployment run {FLOW_NAME}/{name}`.")
+    serve_deployment(name, cron, set_param or [], push, tz)
 
 
 @app.command()
@@ -120,15 +172,47 @@ def stage_cmd(name: str) -> None:
         flows[name]()
 
 
+def _revision(rev: Optional[str]):
+    from storage.revisions import Revision
+
+    return Revision(Path("."), rev)
+
+
 @app.command()
 def inspect(
+    table: Annotated[Optional[str], typer.Argument(help="A table, `<stage>.<table>` or `<table>`: show its schema and first rows.")] = None,
+    rev: Annotated[Optional[str], typer.Option("--rev", help="A version from `retrosight versions` (experiment, commit, tag); default the workspace.")] = None,
     sql: Annotated[Optional[str], typer.Option("--sql", help="Run a DuckDB query over the stage tables.")] = None,
-    data: Annotated[Path, typer.Option(help="Data directory.")] = Path("data"),
+    limit: Annotated[int, typer.Option(help="Rows to show of TABLE.")] = 10,
 ) -> None:
-    """Tables with row counts, schema and reward/success statistics; or a SQL query over them."""
-    from storage.catalog import list_tables, open_catalog
+    """Tables with row counts, schema and reward/success statistics; one table; or a SQL query.
 
-    con = open_catalog(data)
+    At --rev, files are read from the DVC cache (or the remote), never by checking out.
+    """
+    from storage.catalog import open_catalog, quote_ident
+    from storage.revisions import RevisionError
+
+    revision = _revision(rev)
+    try:
+        tables = revision.tables()
+        con = open_catalog(infos=tables)
+        if table and not sql:
+            info = revision.table(table)
+    except (RevisionError, ValueError) as e:
+        _fail(str(e))
+    if table and not sql:
+        # One record per block: these tables are too wide for columns.
+        console.print(f"[bold]{info.stage}.{info.table}[/] at {revision.label}: {info.rows} rows, {info.schema_name} v{info.schema_version}")
+        rel = con.sql(f"SELECT * FROM {quote_ident(info.stage)}.{quote_ident(info.table)} LIMIT {int(limit)}")
+        for i, row in enumerate(rel.fetchall()):
+            record = Table(title=f"row {i}", show_header=False, title_justify="left")
+            record.add_column("field", style="bold", no_wrap=True)
+            record.add_column("value", overflow="fold")
+            for col, value in zip(rel.columns, row):
+                text = str(value)
+                record.add_row(col, text if len(text) <= 400 else text[:400] + f"... ({len(text)} chars)")
+            console.print(record)
+        return
     if sql:
         try:
             rel = con.sql(sql)
@@ -138,11 +222,10 @@ def inspect(
             return
         _print_rows(rel.columns, rel.fetchall(), title=None)
         return
-    tables = list_tables(data)
     if not tables:
-        console.print(f"No tables under {data}/ yet: run `retrosight run` first.")
+        console.print(f"No tables at {revision.label} yet: run `retrosight run` first.")
         return
-    overview = Table(title=f"Tables under {data}/")
+    overview = Table(title=f"Tables at {revision.label}")
     for col in ("view", "rows", "schema", "file"):
         overview.add_column(col)
     for t in tables:
@@ -165,6 +248,188 @@ def inspect(
     if traj is not None:
         described = con.sql(f'DESCRIBE "{traj.stage}"."{traj.table}"').fetchall()
         _print_rows(["column", "type"], [(r[0], r[1]) for r in described], title="Trajectory schema")
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else str(v)
+
+
+def _key_metrics(metrics: dict) -> str:
+    """Held-out success of the base policy and the best fine-tuned one."""
+    policies = metrics.get("evaluate", {}).get("policies", {})
+    if not policies:
+        return ""
+    rates = {k: v["heldout"]["success_rate"] for k, v in policies.items()}
+    base = rates.pop("bootstrap", None)
+    best = max(rates, key=rates.get) if rates else None
+    parts = ([f"bootstrap {base:.3f}"] if base is not None else []) + ([f"best {best} {rates[best]:.3f}"] if best else [])
+    return ", ".join(parts)
+
+
+@app.command()
+def versions(
+    limit: Annotated[int, typer.Option(help="Show the newest N versions.")] = 20,
+) -> None:
+    """Past runs (DVC experiments and commits of dvc.lock): date, changed params, rows, key metrics."""
+    from storage.revisions import Revision, list_versions, params_diff
+
+    found = list_versions(Path("."))
+    if not found:
+        console.print("No versions yet: `retrosight run -S key=value` or `--name NAME` saves a run as a DVC experiment; `git commit dvc.lock` records one too.")
+        return
+    table = Table(title="Versions (oldest first); read one with `retrosight inspect TABLE --rev NAME`")
+    for col in ("name", "kind", "date", "changed params (vs the version before)", "rows", "held-out success"):
+        table.add_column(col, no_wrap=col in ("name", "date"))
+    previous = None
+    shown = found[-limit:]
+    start = len(found) - len(shown)
+    if start:
+        previous = Revision(Path("."), found[start - 1].rev).params()
+    for v in shown:
+        revision = Revision(Path("."), v.rev)
+        params = revision.params()
+        changed = params_diff(previous, params) if previous is not None else {}
+        previous = params
+        counts = revision.row_counts()
+        rows = "\n".join(f"{k.split('.')[0]} {n}" for k, n in counts.items() if k.split(".")[1] in ("trajectories", "relabels", "labels", "train"))
+        if revision.missing:
+            rows += f"\n({len(revision.missing)} tables not in cache)"
+        lines = [f"{k}: {_fmt(a)} -> {_fmt(b)}" for k, (a, b) in changed.items()]
+        if len(lines) > 4:  # `retrosight diff` lists them all
+            lines = lines[:3] + [f"... {len(lines) - 3} more"]
+        table.add_row(
+            v.name, v.kind, v.date.replace("T", " ")[:16],
+            "\n".join(lines) or ("(first)" if v is found[0] else "-"),
+            rows.strip(), _key_metrics(revision.metrics()),
+        )
+    console.print(table)
+
+
+@app.command()
+def lineage(
+    trajectory_id: Annotated[str, typer.Argument(help="A trajectory id (or a unique prefix of one).")],
+    rev: Annotated[Optional[str], typer.Option("--rev", help="A version from `retrosight versions`; default the workspace.")] = None,
+) -> None:
+    """One trajectory's lineage: original, summary, relabel, regeneration, label, standardized weight."""
+    from rich.tree import Tree
+
+    from storage.catalog import open_catalog
+    from storage.lineage import LineageError
+    from storage.lineage import lineage as find_lineage
+    from storage.revisions import RevisionError
+
+    try:
+        revision = _revision(rev)
+        found = find_lineage(open_catalog(infos=revision.tables()), trajectory_id)
+    except (LineageError, RevisionError, ValueError) as e:
+        _fail(str(e))
+    labels = {r["trajectory_id"]: r for r in found["labels"]}
+    training = {r["trajectory_id"]: r for r in found["training"]}
+    relabels = {r["relabel_id"]: r for r in found["relabels"]}
+
+    def describe(t: dict) -> str:
+        outcome = "success" if t["success"] else "failure"
+        return f"[bold]{t['source']}[/] {t['trajectory_id']}  task {t['task_id']} ({t['split']}), {t['num_turns']} turns, return {_fmt(t['return'])}, {outcome}"
+
+    def attach(node, t: dict) -> None:
+        lab = labels.get(t["trajectory_id"])
+        if lab:
+            node.add(f"label: reward {_fmt(lab['reward'])} by {lab['labeler']} ({lab['model']}), {lab['status']}: {lab['reason']}")
+        else:
+            node.add("label: none")
+        tr = training.get(t["trajectory_id"])
+        if tr:
+            node.add(
+                f"training: standardized reward {_fmt(tr['standardized_reward'])} (group of {tr['group_size']}, mean {_fmt(tr['group_mean'])}, "
+                f"std {_fmt(tr['group_std'])}, {tr['standardize_status']}), Refit weight {_fmt(tr['weight'])}"
+            )
+        else:
+            node.add("training: not in the training table (a held-out split, or not labelled)")
+
+    chain = found["chain"]
+    tree = Tree(f"lineage of {chain[-1]['trajectory_id']} at {revision.label}")
+    node = tree.add(describe(chain[0]))
+    summary = found["summary"]
+    node.add(f"summary ({summary['backend']}, {summary['status']}): {summary['summary'] or summary['reason']}" if summary else "summary: none")
+    attach(node, chain[0])
+    for t in chain[1:]:
+        r = relabels.get(t["relabel_id"])
+        if r:
+            node = node.add(
+                f"relabel {r['relabel_id']} at turn {r['branch_turn']} ({r['mode']}, {r['proposer']}): "
+                f"\"{r['original_action']}\" -> \"{r['counterfactual_action']}\"; rationale: {r['rationale']}"
+            )
+        node = node.add(describe(t))
+        attach(node, t)
+    if len(chain) == 1:
+        for r in found["relabels"]:
+            node.add(f"relabel {r['relabel_id']} at turn {r['branch_turn']}: \"{r['original_action']}\" -> \"{r['counterfactual_action']}\" ({r['status']})")
+        for c in found["children"]:
+            node.add(f"regeneration {c['trajectory_id']} from turn {c['branch_turn']}: return {_fmt(c['return'])}, {'success' if c['success'] else 'failure'}")
+    console.print(tree)
+
+
+@app.command()
+def diff(
+    rev_a: Annotated[str, typer.Argument(help="The older version (name from `retrosight versions`, or any git revision).")],
+    rev_b: Annotated[str, typer.Argument(help="The newer version; `workspace` for the files on disk.")] = "workspace",
+) -> None:
+    """What changed between two versions: params, and per table rows and reward distributions."""
+    from storage.diff import diff as diff_revisions
+    from storage.revisions import RevisionError
+
+    try:
+        a, b = _revision(rev_a), _revision(rev_b)
+        d = diff_revisions(a, b)
+    except (RevisionError, ValueError) as e:
+        _fail(str(e))
+    params = Table(title=f"params: {rev_a} -> {rev_b}")
+    for col in ("param", rev_a, rev_b):
+        params.add_column(col)
+    for k, (va, vb) in d["params"].items():
+        params.add_row(k, _fmt(va), _fmt(vb))
+    console.print(params if d["params"] else "params: identical")
+    tables = Table(title="tables")
+    for col in ("table", "rows", "column", "mean", "std", "p10 / p50 / p90", "KS"):
+        tables.add_column(col)
+    for name, t in d["tables"].items():
+        ra, rb = t["rows"]
+        rows = f"{_fmt(ra)} -> {_fmt(rb)}" + (f" ({rb - ra:+d})" if ra is not None and rb is not None else "")
+        cols = t["columns"] or {"": None}
+        for i, (col, stats) in enumerate(cols.items()):
+            if stats is None:
+                tables.add_row(name, rows, "", "", "", "", "")
+                continue
+            sa, sb = stats["a"] or {}, stats["b"] or {}
+
+            def pair(key):
+                return f"{_fmt(sa.get(key))} -> {_fmt(sb.get(key))}"
+
+            quant = f"{_fmt(sa.get('p10'))}/{_fmt(sa.get('p50'))}/{_fmt(sa.get('p90'))} -> {_fmt(sb.get('p10'))}/{_fmt(sb.get('p50'))}/{_fmt(sb.get('p90'))}"
+            tables.add_row(name if i == 0 else "", rows if i == 0 else "", col, pair("mean"), pair("std"), quant, _fmt(stats["ks"]))
+        if t["status"]:
+            sa, sb = t["status"]
+            if sa != sb:
+                def counts(d):
+                    return " ".join(f"{k} {v}" for k, v in d.items()) or "-"
+
+                tables.add_row("", "", "status", f"{counts(sa)} -> {counts(sb)}", "", "", "")
+    console.print(tables)
+    console.print("KS: the largest gap between the two empirical distributions (0 = identical, 1 = disjoint).")
+
+
+@app.command()
+def report(
+    rev: Annotated[Optional[list[str]], typer.Option("--rev", help="Version(s) to plot; two or more are overlaid. Default the workspace.")] = None,
+    out: Annotated[Optional[Path], typer.Option(help="HTML file to write (default reports/<rev>.html).")] = None,
+) -> None:
+    """One static HTML page with the run's DVC plots (rewards before/after hindsight, weights, loss, success)."""
+    from flows.report import default_report_path, write_report
+
+    path = write_report(rev or None, out or default_report_path(rev or None))
+    console.print(f"Wrote {path}")
 
 
 def _print_rows(columns: list[str], rows: list[tuple], title: str | None) -> None:

@@ -51,6 +51,50 @@ def downstream(stage: str) -> list[str]:
     return [s for s in names if f"'{s}'" in out]
 
 
+def stale_upstream(stage: str) -> list[str]:
+    """Stages `stage` depends on, directly or not, that DVC finds changed."""
+    out = dvc("status", "--json", "--with-deps", stage, capture=True).stdout
+    changed = json.loads(out or "{}")
+    return [s for s in stage_names() if s in changed and s != stage]
+
+
+def apply_overrides(overrides: list[str], params: Path = Path("params.yaml")) -> None:
+    """`-S relabel.k=8`: the same override grammar as `dvc exp run -S` (Hydra), applied to params.yaml."""
+    from dvc.exceptions import InvalidArgumentError
+    from dvc.utils.hydra import apply_overrides as hydra_apply
+
+    try:
+        hydra_apply(params, overrides)
+    except InvalidArgumentError as e:
+        cause = e.__cause__
+        raise ValueError(f"{' '.join(overrides)}: {cause or e}") from None
+
+
+def save_experiment(name: str, message: str) -> str:
+    """Record the workspace (params, dvc.lock, metrics, plots; outputs by hash) as DVC experiment `name`."""
+    # Metrics and plots are `cache: false` outputs: git files that a new repository may not have
+    # added yet, and `exp save` leaves untracked files out unless told.
+    untracked = subprocess.run(
+        ["git", "ls-files", "--others", "--exclude-standard", "--", "data", "dvc.lock", "params.yaml"],
+        check=True, text=True, capture_output=True,
+    ).stdout.split()
+    args = ["exp", "save", "--name", name, "--message", message]
+    for path in untracked:
+        args += ["--include-untracked", path]
+    result = dvc(*args, check=False, capture=True)
+    if result.returncode != 0:
+        raise StageFailed(f"could not save experiment '{name}': {(result.stderr or result.stdout).strip()}")
+    return name
+
+
+def push(remote: str | None = None) -> str:
+    """Upload the workspace's outputs to a DVC remote (the default one unless named)."""
+    result = dvc("push", *(["--remote", remote] if remote else []), check=False, capture=True)
+    if result.returncode != 0:
+        raise StageFailed(f"dvc push failed: {(result.stderr or result.stdout).strip()}")
+    return result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "pushed"
+
+
 def is_stale(stage: str) -> bool:
     out = dvc("status", "--json", stage, capture=True).stdout
     return stage in json.loads(out or "{}")

@@ -27,37 +27,39 @@ class TableInfo:
 
 def list_tables(data_dir: Path) -> list[TableInfo]:
     """Every `<stage>/<table>.parquet` under data_dir, with facts read from its footer only."""
-    infos = []
-    for path in sorted(Path(data_dir).glob("*/*.parquet")):
-        if path.name.startswith(".") or path.parent.name.startswith(".") or not path.is_file():
-            continue
-        try:
-            footer = pq.read_metadata(path)
-        except (pa.ArrowInvalid, OSError) as e:
-            raise ValueError(f"{path}: not a readable Parquet file: {e}") from None
-        meta = footer.metadata or {}
-        version = meta.get(META_VERSION)
-        infos.append(
-            TableInfo(
-                stage=path.parent.name,
-                table=path.stem,
-                path=path,
-                rows=footer.num_rows,
-                schema_name=meta[META_NAME].decode() if META_NAME in meta else None,
-                schema_version=int(version) if version is not None and version.isdigit() else None,
-            )
-        )
-    return infos
+    return [
+        table_info(path, stage=path.parent.name, table=path.stem)
+        for path in sorted(Path(data_dir).glob("*/*.parquet"))
+        if not path.name.startswith(".") and not path.parent.name.startswith(".") and path.is_file()
+    ]
 
 
-def open_catalog(data_dir: Path) -> duckdb.DuckDBPyConnection:
+def table_info(path: Path, stage: str, table: str) -> TableInfo:
+    try:
+        footer = pq.read_metadata(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ValueError(f"{stage}/{table}.parquet ({path}): not a readable Parquet file: {e}") from None
+    meta = footer.metadata or {}
+    version = meta.get(META_VERSION)
+    return TableInfo(
+        stage=stage,
+        table=table,
+        path=path,
+        rows=footer.num_rows,
+        schema_name=meta[META_NAME].decode() if META_NAME in meta else None,
+        schema_version=int(version) if version is not None and version.isdigit() else None,
+    )
+
+
+def open_catalog(data_dir: Path | None = None, infos: list[TableInfo] | None = None) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with one schema per stage and one view per table.
 
     A table name that only one stage writes is also a plain view (`summaries`), which spares
     quoting stage names that are SQL keywords (`"summarize".summaries`).
     """
     con = duckdb.connect(":memory:")
-    infos = list_tables(data_dir)
+    if infos is None:
+        infos = list_tables(data_dir)
     names = [info.table for info in infos]
     for info in infos:
         stage, table = quote_ident(info.stage), quote_ident(info.table)

@@ -23,6 +23,7 @@ from envs.twenty_questions.llm_roles import chat, dialogue, parse_reward, parse_
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.params import Params
+from tasks.plots import histogram, write_plot
 from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
 from tasks.rollout import derive_seed, history
 
@@ -84,8 +85,25 @@ def calibration(rows: list[dict], max_turns: int, scale: str) -> dict:
     }
 
 
+def reward_histograms(rows: list[dict], scale: str, max_turns: int) -> dict[str, list[dict]]:
+    """The labelled reward before and after hindsight, over the same bins: the logged
+    trajectories alone (`reward_logged`) and with the regenerations (`reward_with_hindsight`).
+    Returns are in [-max_turns, 0] (unit bins on the integers); a rubric reward is in [0, 1]
+    (bins of 0.1). Null rewards are left out (metrics.json counts them by status)."""
+    lo, hi, width = (0.0, 1.0, 0.1) if scale == "rubric" else (-float(max_turns), 0.0, 1.0)
+    every = [r["reward"] for r in rows]
+    finite = [v for v in every if v is not None and math.isfinite(v)]
+    lo, hi = min([lo, *finite]), max([hi, *finite])  # both histograms get the same bins
+    logged = [r["reward"] for r in rows if r["source"] != "regeneration"]
+    return {
+        "reward_logged": histogram(logged, "reward", width, lo, hi),
+        "reward_with_hindsight": histogram(every, "reward", width, lo, hi),
+    }
+
+
 def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> dict:
-    """Labels every row of every trajectories table given; writes labels.parquet and metrics.json."""
+    """Labels every row of every trajectories table given; writes labels.parquet, metrics.json and
+    the reward histograms plots/reward_logged.json and plots/reward_with_hindsight.json."""
     t0 = time.time()
     role = params.roles.labeler
     trajs = [t for path in trajectory_files for t in read_table(path, "trajectories").to_pylist()]
@@ -123,6 +141,8 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
     ok = [r for r in rows if r["status"] == "ok"]
     T = params.env.max_turns
     scale = "rubric" if role.backend != "oracle" and role.mode == "rubric" else "return"
+    for name, hist in reward_histograms(rows, scale, T).items():
+        write_plot(hist, out_dir / "plots" / f"{name}.json")
     won = (lambda r: r["reward"] >= 0.5) if scale == "rubric" else (lambda r: r["reward"] > -T)
     metrics = {
         "labels": len(rows),

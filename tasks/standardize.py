@@ -20,6 +20,7 @@ from typing import Literal
 import polars as pl
 
 from storage.parquet import read_polars, write_table
+from tasks.plots import histogram, write_plot
 
 Mode = Literal["per_context", "global", "min_max"]
 
@@ -81,9 +82,19 @@ TRAINING_COLUMNS = [
 ]
 
 
+def weight_histograms(df: pl.DataFrame) -> dict[str, list[dict]]:
+    """The training weights as DVC plots: Swift's standardized reward (bins of 0.25 around 0)
+    and Refit's weight (bins of 0.05 over [0, 1]); rows without a reward are left out."""
+    return {
+        "standardized_reward": histogram(df["standardized_reward"].to_list(), "standardized_reward", 0.25, -1.0, 1.0),
+        "weight": histogram(df["weight"].to_list(), "weight", 0.05, 0.0, 1.0),
+    }
+
+
 def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir: Path) -> dict:
     """Joins trajectories with their labels; writes train.parquet (the training table),
-    export/train.parquet (for datasets / TRL) and metrics.json."""
+    export/train.parquet (for datasets / TRL), metrics.json and the histograms
+    plots/standardized_reward.json and plots/weight.json."""
     t0 = time.time()
     s = params.standardize
     trajs = pl.concat([read_polars(p, "trajectories") for p in trajectory_files], how="vertical")
@@ -100,6 +111,8 @@ def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir:
     write_table(out.to_arrow(), out_dir / "train.parquet", "training")
     export = out.select("messages", "reward", "standardized_reward", "weight", "trajectory_id", "task_id", "source")
     write_table(export.to_arrow(), out_dir / "export" / "train.parquet", "export")
+    for name, hist in weight_histograms(out).items():
+        write_plot(hist, out_dir / "plots" / f"{name}.json")
     z = out["standardized_reward"].drop_nulls()
     metrics = {
         "rows_in": rows_in,

@@ -79,6 +79,8 @@ def project(tmp_path: Path) -> Path:
     run(["git", "init", "-q"], repo)
     run([str(BIN / "dvc"), "init", "-q"], repo)
     shutil.copy(ROOT / ".dvcignore", repo / ".dvcignore")
+    if (ROOT / ".dvc" / "plots").exists():  # the plot templates dvc.yaml names
+        shutil.copytree(ROOT / ".dvc" / "plots", repo / ".dvc" / "plots")
     run(["git", "add", "-A"], repo)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], repo)
     return repo
@@ -93,8 +95,9 @@ def project_env(tmp: Path) -> dict:
     return env
 
 
-def run(cmd: list[str], cwd: Path, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
-    result = subprocess.run(cmd, cwd=cwd, env=project_env(cwd.parent), text=True, capture_output=True, timeout=timeout)
+def run(cmd: list[str], cwd: Path, check: bool = True, timeout: int = 900, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**project_env(cwd.parent), **(env_extra or {})}
+    result = subprocess.run(cmd, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout)
     if check and result.returncode != 0:
         raise AssertionError(f"{cmd} failed ({result.returncode}):\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}")
     return result

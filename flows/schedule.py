@@ -1,0 +1,64 @@
+"""Scheduled runs: a Prefect deployment that reproduces the pipeline, keeps the run as a DVC
+experiment named after it, pushes its data to the DVC remote and writes its report.
+
+`retrosight serve --cron "0 3 * * *"` registers the deployment with the Prefect server named by
+PREFECT_API_URL and executes its runs in this workspace as they come due.
+"""
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.context import get_run_context
+
+from flows import pipeline as p
+
+FLOW_NAME = "retrosight-scheduled"
+
+
+def run_name(prefix: str, flow_run_name: str | None, now: datetime | None = None) -> str:
+    """`nightly-20261123-0300-amber-fox`: sortable, and valid as a git ref name."""
+    now = now or datetime.now(timezone.utc)
+    raw = f"{prefix}-{now:%Y%m%d-%H%M%S}" + (f"-{flow_run_name}" if flow_run_name else "")
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-.")
+
+
+@flow(name=FLOW_NAME)
+def scheduled_run(overrides: list[str] | None = None, push: bool = True, report: bool = True, prefix: str = "run") -> dict:
+    logger = get_run_logger()
+    if overrides:
+        p.apply_overrides(overrides)
+    stale = p.stale_stages()
+    if not stale:
+        logger.info("Pipeline is up to date; no new version.")
+        return {"ran": [], "experiment": None}
+    flow_run = get_run_context().flow_run
+    name = run_name(prefix, flow_run.name)
+    result = p.pipeline(p.stage_names())
+    ran = [s for s, outcome in result.items() if outcome == "ran"]
+    p.save_experiment(name, f"scheduled run {flow_run.name} ({flow_run.id}): {', '.join(ran)}")
+    logger.info("Saved as DVC experiment %s", name)
+    out = {"ran": ran, "experiment": name}
+    if push:
+        out["push"] = p.push()
+        logger.info("dvc push: %s", out["push"])
+    if report:
+        from flows.report import write_report
+
+        out["report"] = str(write_report([name], Path("reports") / f"{name}.html"))
+        logger.info("Report: %s", out["report"])
+    return out
+
+
+def serve(name: str, cron: str, overrides: list[str], push: bool, timezone_name: str | None) -> None:
+    """Register the deployment with its schedule and run its flow runs here until interrupted."""
+    from prefect.schedules import Cron
+
+    scheduled_run.serve(
+        name=name,
+        schedule=Cron(cron, timezone=timezone_name) if timezone_name else Cron(cron),
+        parameters={"overrides": overrides, "push": push, "prefix": name},
+        description="Reproduce the retrosight pipeline, save the run as a DVC experiment, push it, write its report.",
+    )
