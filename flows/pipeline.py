@@ -81,7 +81,14 @@ def save_experiment(name: str, message: str) -> str:
     args = ["exp", "save", "--name", name, "--message", message]
     for path in untracked:
         args += ["--include-untracked", path]
-    result = dvc(*args, check=False, capture=True)
+    # An experiment is a git commit; on a machine with no git identity, sign it as the pipeline.
+    has_identity = all(subprocess.run(["git", "config", key], capture_output=True).returncode == 0 for key in ("user.name", "user.email"))
+    identity = {} if has_identity else {
+        f"GIT_{who}_{what}": value
+        for who in ("AUTHOR", "COMMITTER")
+        for what, value in (("NAME", "retrosight"), ("EMAIL", "retrosight@localhost"))
+    }
+    result = dvc(*args, check=False, capture=True, env_extra=identity)
     if result.returncode != 0:
         raise StageFailed(f"could not save experiment '{name}': {(result.stderr or result.stdout).strip()}")
     return name

@@ -20,7 +20,8 @@ import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-WORKSPACE = "workspace"
+from storage.revisions import WORKSPACE, Revision
+
 EVALUATE_METRICS = "data/evaluate/metrics.json"
 LABEL_METRICS = "data/label/metrics.json"
 
@@ -89,29 +90,18 @@ def svg(spec: dict, prefix: str) -> str:
 
 # -- metrics -----------------------------------------------------------------------------------
 
-def _reader(repo: Path, rev: str):
-    """Reads a JSON file at `rev` (a commit: git through DVC's filesystem, no checkout) or in the
-    workspace; None when the file is missing or not JSON."""
-    if rev == WORKSPACE:
-        read_text = lambda path: (repo / path).read_text()  # noqa: E731
-    else:
-        from dvc.api import DVCFileSystem
-
-        read_text = DVCFileSystem(str(repo), rev=rev).read_text
-
-    def read(path: str) -> dict | None:
-        try:
-            return json.loads(read_text(path))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
-
-    return read
-
-
 def _read_metrics(repo: Path, rev: str) -> dict[str, str]:
     """The table's rows for one revision: label name -> formatted value."""
     rows: dict[str, str] = {}
-    read = _reader(repo, rev)
+    revision = Revision(repo, rev)
+
+    def read(path: str) -> dict | None:
+        try:
+            text = revision.read_text(path)
+            return json.loads(text) if text else None
+        except json.JSONDecodeError:
+            return None
+
     ev = read(EVALUATE_METRICS)
     for policy, r in ((ev or {}).get("policies") or {}).items():
         h = r.get("heldout") or {}

@@ -1,0 +1,85 @@
+"""Reading tables at past revisions through DVC, and the statistics `retrosight diff` prints."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from conftest import BIN, run
+from storage.diff import describe, ks_statistic
+from storage.parquet import write_table
+from storage.revisions import Revision, RevisionError, list_versions, params_diff
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+
+
+def _labels(n: int, reward: float) -> pa.Table:
+    return pa.Table.from_pylist([
+        {"trajectory_id": f"t{i}", "task_id": "x", "source": "policy", "env_reward": reward, "env_success": False,
+         "reward": reward, "labeler": "oracle", "model": "m", "prompt_hash": "h", "scores": None, "status": "ok", "reason": ""}
+        for i in range(n)
+    ])
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """Two commits of a DVC-tracked labels table: 3 rows at reward -20, then 5 rows at -10."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    run(["git", "init", "-q"], root)
+    run([str(BIN / "dvc"), "init", "-q"], root)
+    table = root / "data" / "label" / "labels.parquet"
+    for i, (n, reward) in enumerate([(3, -20.0), (5, -10.0)]):
+        write_table(_labels(n, reward), table, "labels")
+        (root / "params.yaml").write_text(f"label:\n  n: {n}\n")
+        run([str(BIN / "dvc"), "add", "-q", str(table.relative_to(root))], root)
+        run(["git", "add", "-A"], root)
+        run([*GIT, "commit", "-qm", f"run {i}"], root)
+        run(["git", "tag", f"run{i}"], root)
+    return root
+
+
+def test_tables_at_a_revision_come_from_the_cache_without_checkout(repo):
+    old = Revision(repo, "run0")
+    [info] = old.tables()
+    assert (info.stage, info.table, info.rows, info.schema_name) == ("label", "labels", 3, "labels")
+    assert ".dvc/cache" in str(info.path)
+    assert Revision(repo, "run1").table("labels").rows == 5
+    assert Revision(repo).table("label.labels").rows == 5  # the workspace
+    assert old.params() == {"label": {"n": 3}}
+    assert params_diff(old.params(), Revision(repo, "run1").params()) == {"label.n": (3, 5)}
+    with pytest.raises(RevisionError, match="no table 'summaries' at run0"):
+        old.table("summaries")
+    with pytest.raises(RevisionError, match="unknown revision 'nope'"):
+        Revision(repo, "nope").tables()
+
+
+def test_a_table_neither_cache_nor_remote_holds_is_named(repo):
+    shutil.rmtree(repo / ".dvc" / "cache")
+    old = Revision(repo, "run0")
+    assert old.tables() == [] and old.missing == ["data/label/labels.parquet"]
+    with pytest.raises(RevisionError, match="labels.parquet at run0 is in neither the DVC cache nor the remote"):
+        old.table("labels")
+
+
+def test_versions_are_the_commits_that_change_dvc_lock_oldest_first(repo):
+    # `dvc add` writes .dvc files, not dvc.lock: a pipeline commit is what makes a version.
+    assert list_versions(repo) == []
+    (repo / "dvc.lock").write_text("schema: '2.0'\nstages: {}\n")
+    run(["git", "add", "dvc.lock"], repo)
+    run([*GIT, "commit", "-qm", "a pipeline run"], repo)
+    [v] = list_versions(repo)
+    assert (v.kind, v.message) == ("commit", "a pipeline run")
+
+
+def test_ks_and_describe():
+    a, b = np.array([-20.0, -20.0, -10.0]), np.array([-10.0, -10.0, -10.0])
+    assert ks_statistic(a, a) == 0.0
+    assert ks_statistic(a, b) == pytest.approx(2 / 3)
+    assert ks_statistic(np.array([0.0]), np.array([1.0])) == 1.0
+    assert ks_statistic(a, np.array([])) is None
+    d = describe(a)
+    assert d["n"] == 3 and d["mean"] == pytest.approx(-50 / 3) and d["p50"] == -20.0
+    assert describe(np.array([])) is None
