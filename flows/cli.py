@@ -55,6 +55,7 @@ def run(
     """Reproduce the pipeline through DVC; stale stages run as Prefect flows, the rest are skipped."""
     from flows import pipeline as p
     from flows.schedule import run_name
+    from storage.revisions import list_versions
     from tasks.params import ParamsError, load_params
 
     names = p.stage_names()
@@ -64,19 +65,23 @@ def run(
         _fail("--only needs a STAGE")
     params_file = Path("params.yaml")
     original = params_file.read_text()
+
+    def refuse(message: str) -> None:  # before any work: params.yaml as it was
+        params_file.write_text(original)
+        _fail(message)
+
     try:
         if set_param:
             p.apply_overrides(set_param, params_file)
         load_params()  # fail before any work on a bad params.yaml
     except (ParamsError, ValueError) as e:
-        params_file.write_text(original)
-        _fail(str(e))
-    if only:
-        stale = p.stale_upstream(stage)
-        if stale:
-            _fail(f"--only {stage}: its inputs are stale ({', '.join(stale)} changed); run `retrosight run {stage}` to rerun them too")
+        refuse(str(e))
+    if only and (stale := p.stale_upstream(stage)):
+        refuse(f"--only {stage}: its inputs are stale ({', '.join(stale)} changed); run `retrosight run {stage}` to rerun them too")
     t0 = time.time()
     experiment = name or (run_name("run", None) if set_param else None)
+    if experiment and experiment in {v.name for v in list_versions(Path("."))}:
+        refuse(f"--name {experiment}: a version of that name exists (see `retrosight versions`); choose another")
     if stage is None and not force and not experiment and not p.stale_stages():
         console.print(f"Pipeline is up to date; nothing to run ({time.time() - t0:.1f}s).")
         return
@@ -252,7 +257,7 @@ def inspect(
 
 def _fmt(v) -> str:
     if isinstance(v, float):
-        return f"{v:.4g}"
+        return f"{0.0 if abs(v) < 1e-9 else v:.4g}"  # a mean of z-scores is 0 up to rounding
     return "-" if v is None else str(v)
 
 
@@ -391,32 +396,32 @@ def diff(
     for k, (va, vb) in d["params"].items():
         params.add_row(k, _fmt(va), _fmt(vb))
     console.print(params if d["params"] else "params: identical")
-    tables = Table(title="tables")
-    for col in ("table", "rows", "column", "mean", "std", "p10 / p50 / p90", "KS"):
-        tables.add_column(col)
+    from rich import box
+
+    tables = Table(title=f"tables: a = {rev_a}, b = {rev_b}", box=box.SIMPLE_HEAD)
+    for col in ("table", "", "rows", "column", "mean", "std", "p10", "p50", "p90", "KS"):
+        tables.add_column(col, no_wrap=True, justify="left" if col in ("table", "", "column") else "right")
+
+    def counts(d: dict) -> str:
+        return ", ".join(f"{k} {v}" for k, v in d.items()) or "-"
+
+    statuses = []
     for name, t in d["tables"].items():
-        ra, rb = t["rows"]
-        rows = f"{_fmt(ra)} -> {_fmt(rb)}" + (f" ({rb - ra:+d})" if ra is not None and rb is not None else "")
-        cols = t["columns"] or {"": None}
-        for i, (col, stats) in enumerate(cols.items()):
-            if stats is None:
-                tables.add_row(name, rows, "", "", "", "", "")
-                continue
-            sa, sb = stats["a"] or {}, stats["b"] or {}
-
-            def pair(key):
-                return f"{_fmt(sa.get(key))} -> {_fmt(sb.get(key))}"
-
-            quant = f"{_fmt(sa.get('p10'))}/{_fmt(sa.get('p50'))}/{_fmt(sa.get('p90'))} -> {_fmt(sb.get('p10'))}/{_fmt(sb.get('p50'))}/{_fmt(sb.get('p90'))}"
-            tables.add_row(name if i == 0 else "", rows if i == 0 else "", col, pair("mean"), pair("std"), quant, _fmt(stats["ks"]))
-        if t["status"]:
-            sa, sb = t["status"]
-            if sa != sb:
-                def counts(d):
-                    return " ".join(f"{k} {v}" for k, v in d.items()) or "-"
-
-                tables.add_row("", "", "status", f"{counts(sa)} -> {counts(sb)}", "", "", "")
+        columns = list(t["columns"].items()) or [("", None)]
+        for i, (label, rows) in enumerate((("a", t["rows"][0]), ("b", t["rows"][1]))):
+            for j, (col, stats) in enumerate(columns):
+                side = (stats or {}).get("a" if i == 0 else "b") or {}
+                tables.add_row(
+                    name if i == j == 0 else "", label if j == 0 else "", _fmt(rows) if j == 0 else "", col,
+                    *((_fmt(side.get(k)) if stats else "") for k in ("mean", "std", "p10", "p50", "p90")),
+                    _fmt(stats["ks"]) if stats and i == 0 else "",
+                )
+        if t["status"] and t["status"][0] != t["status"][1]:
+            statuses.append(f"{name} status: {counts(t['status'][0])} -> {counts(t['status'][1])}")
+        tables.rows[-1].end_section = True
     console.print(tables)
+    for line in statuses:
+        console.print(line)
     console.print("KS: the largest gap between the two empirical distributions (0 = identical, 1 = disjoint).")
 
 

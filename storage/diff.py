@@ -6,8 +6,9 @@ import numpy as np
 from storage.catalog import open_catalog, quote_ident
 from storage.revisions import Revision, params_diff
 
-# The reward-like columns worth comparing, by schema.
-REWARD_COLUMNS = {
+# The columns whose distributions are compared, by schema: rewards and weights, and where relabels branch.
+COMPARED_COLUMNS = {
+    "relabels": ["branch_turn"],
     "trajectories": ["return"],
     "labels": ["reward"],
     "training": ["reward", "standardized_reward", "weight"],
@@ -68,7 +69,7 @@ def diff(a: Revision, b: Revision) -> dict:
         view = f"{quote_ident(stage)}.{quote_ident(table)}"
         entry: dict = {"rows": (ta.rows if ta else None, tb.rows if tb else None), "columns": {}, "status": None}
         schema = (ta or tb).schema_name
-        for col in REWARD_COLUMNS.get(schema, []):
+        for col in COMPARED_COLUMNS.get(schema, []):
             va = _values(con_a, view, col) if ta else np.array([])
             vb = _values(con_b, view, col) if tb else np.array([])
             entry["columns"][col] = {"a": describe(va), "b": describe(vb), "ks": ks_statistic(va, vb)}

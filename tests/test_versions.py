@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from conftest import BIN, ROOT, project_env, run
 
@@ -138,6 +139,10 @@ def test_scheduled_run_then_versions_inspect_diff_lineage(project, prefect_serve
     relabels_now = project / "data/relabel/relabels.parquet"
     assert pq.read_table(relabels_now).num_rows < relabels_first
 
+    again = run([str(BIN / "retrosight"), "run", "-S", "relabel.n=2", "--name", "fewer"], project, check=False)
+    assert again.returncode != 0 and "a version of that name exists" in again.stdout, again.stdout
+    assert yaml.safe_load((project / "params.yaml").read_text())["relabel"]["n"] == 1  # left as it was
+
     versions = run([str(BIN / "retrosight"), "versions"], project, env_extra={"COLUMNS": "200"}).stdout
     assert first in versions and "fewer" in versions and "relabel.n: 2 -> 1" in versions, versions
 
@@ -151,7 +156,10 @@ def test_scheduled_run_then_versions_inspect_diff_lineage(project, prefect_serve
 
     changed = run([str(BIN / "retrosight"), "diff", first, "fewer"], project, env_extra={"COLUMNS": "200"}).stdout
     assert "relabel.n" in changed and "relabel.relabels" in changed and "label.labels" in changed, changed
-    assert f"{relabels_first} -> {pq.read_table(relabels_now).num_rows}" in changed, changed
+    lines = changed.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("relabel.relabels"))
+    assert lines[at].split()[1:4] == ["a", str(relabels_first), "branch_turn"], changed
+    assert lines[at + 1].split()[:3] == ["b", str(pq.read_table(relabels_now).num_rows), "branch_turn"], changed
 
     # Lineage of a regenerated trajectory, at the first run.
     regen = pq.read_table(project / "data/regenerate/trajectories.parquet").to_pylist()[0]
