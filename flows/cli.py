@@ -51,18 +51,30 @@ def run(
     only: Annotated[bool, typer.Option("--only", help="Run just STAGE, nothing after it; refused if its inputs are stale.")] = False,
     set_param: Annotated[Optional[list[str]], typer.Option("--set-param", "-S", help="Override a param for this run, e.g. -S relabel.k=8 (recorded as a DVC experiment).")] = None,
     name: Annotated[Optional[str], typer.Option("--name", "-n", help="Save the run as a DVC experiment with this name.")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="If another run holds this workspace, wait for it instead of refusing.")] = False,
 ) -> None:
     """Reproduce the pipeline through DVC; stale stages run as Prefect flows, the rest are skipped."""
     from flows import pipeline as p
-    from flows.schedule import run_name
-    from storage.revisions import list_versions
-    from tasks.params import ParamsError, load_params
 
     names = p.stage_names()
     if stage is not None and stage not in names:
         _fail(f"unknown stage '{stage}' (stages: {', '.join(names)})")
     if only and stage is None:
         _fail("--only needs a STAGE")
+    try:
+        with p.workspace_lock("retrosight " + " ".join(sys.argv[1:]), wait, on_wait=console.print):
+            _run(stage, force, only, set_param, name)
+    except p.WorkspaceBusy as e:
+        _fail(str(e))
+
+
+def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None, name: str | None) -> None:
+    from flows import pipeline as p
+    from flows.schedule import run_name
+    from storage.revisions import list_versions
+    from tasks.params import ParamsError, load_params
+
+    names = p.stage_names()
     params_file = Path("params.yaml")
     original = params_file.read_text()
 

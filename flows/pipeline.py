@@ -10,6 +10,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
 import yaml
@@ -18,10 +21,44 @@ from prefect.cache_policies import NO_CACHE
 from prefect.context import get_run_context
 
 PARENT_TASK_ENV = "RETROSIGHT_PARENT_TASK_RUN_ID"
+# One pipeline run per workspace: two would interleave stages, params.yaml edits and experiments.
+LOCK = Path(".retrosight/run.lock")
+LOCK_OWNER = Path(".retrosight/run.owner")
 
 
 class StageFailed(RuntimeError):
     pass
+
+
+class WorkspaceBusy(RuntimeError):
+    pass
+
+
+@contextmanager
+def workspace_lock(what: str, wait: bool, on_wait: Callable[[str], None] = print) -> Iterator[None]:
+    """Hold the workspace for one run. Busy: raise WorkspaceBusy, or with `wait` block until free.
+
+    An OS file lock (flock), so a killed run releases it with its process; the owner file only
+    says who holds it.
+    """
+    from filelock import FileLock, Timeout
+
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(LOCK))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        owner = LOCK_OWNER.read_text().strip() if LOCK_OWNER.exists() else "owner unknown"
+        if not wait:
+            raise WorkspaceBusy(f"another pipeline run holds this workspace ({owner}); wait for it, or pass --wait") from None
+        on_wait(f"Waiting for the run that holds this workspace ({owner}) ...")
+        lock.acquire()
+    try:
+        LOCK_OWNER.write_text(f"pid {os.getpid()}: {what}, since {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC\n")
+        yield
+    finally:
+        LOCK_OWNER.unlink(missing_ok=True)
+        lock.release()
 
 
 def dvc(*args: str, check: bool = True, capture: bool = False, env_extra: dict | None = None) -> subprocess.CompletedProcess:

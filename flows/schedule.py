@@ -28,13 +28,18 @@ def run_name(prefix: str, flow_run_name: str | None, now: datetime | None = None
 @flow(name=FLOW_NAME)
 def scheduled_run(overrides: list[str] | None = None, push: bool = True, report: bool = True, prefix: str = "run") -> dict:
     logger = get_run_logger()
+    flow_run = get_run_context().flow_run
+    # Unattended: a scheduled run that finds the workspace busy waits its turn.
+    with p.workspace_lock(f"scheduled run {flow_run.name}", wait=True, on_wait=logger.info):
+        return _scheduled(flow_run, overrides, push, report, prefix, logger)
+
+
+def _scheduled(flow_run, overrides, push, report, prefix, logger) -> dict:
     if overrides:
         p.apply_overrides(overrides)
-    stale = p.stale_stages()
-    if not stale:
+    if not p.stale_stages():
         logger.info("Pipeline is up to date; no new version.")
         return {"ran": [], "experiment": None}
-    flow_run = get_run_context().flow_run
     name = run_name(prefix, flow_run.name)
     result = p.pipeline(p.stage_names())
     ran = [s for s, outcome in result.items() if outcome == "ran"]
