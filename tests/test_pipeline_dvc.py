@@ -1,21 +1,42 @@
-"""The whole DAG through `retrosight run` -> Prefect -> `dvc repro`, in a fresh repo, tiny preset."""
+"""The whole DAG through `retrosight run` -> Prefect -> `dvc repro`, in a fresh repo, tiny preset;
+while it runs, a second run in the workspace refuses and a third waits."""
 import json
+import subprocess
 import time
 
 import pyarrow.parquet as pq
 import yaml
 
-from conftest import BIN, run, tiny_params
+from conftest import BIN, project_env, run, tiny_params
 
 
 STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "train", "evaluate"]
 
 
 def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
-    first = run([str(BIN / "retrosight"), "run"], project)
+    # While it runs, it holds the workspace: a second run refuses, a third waits its turn.
+    env = project_env(project.parent)
+    first = subprocess.Popen([str(BIN / "retrosight"), "run"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    owner = project / ".retrosight" / "run.owner"
+    deadline = time.time() + 120
+    while not owner.exists():
+        assert first.poll() is None and time.time() < deadline, "the first run never took the workspace lock"
+        time.sleep(0.2)
+    assert f"pid {first.pid}: retrosight run" in owner.read_text()
+    refused = run([str(BIN / "retrosight"), "run", "-S", "relabel.n=1"], project, check=False)
+    assert refused.returncode != 0
+    assert f"another pipeline run holds this workspace (pid {first.pid}: retrosight run" in refused.stdout, refused.stdout
+    assert yaml.safe_load((project / "params.yaml").read_text())["relabel"]["n"] == 2  # its override never applied
+    waiting = subprocess.Popen([str(BIN / "retrosight"), "run", "--wait"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first_out, _ = first.communicate(timeout=900)
+    waiting_out, _ = waiting.communicate(timeout=300)
+    assert first.returncode == 0, first_out[-4000:]
+    assert waiting.returncode == 0 and "Waiting for the run that holds this workspace" in waiting_out, waiting_out[-3000:]
+    assert "up to date" in waiting_out  # the first run finished everything; the second found nothing stale
+    assert not owner.exists()
     for stage in STAGES:
-        assert f"{stage}: ran" in first.stdout, first.stdout
-    assert "Success rate on held-out tasks" in first.stdout and "refit_logged" in first.stdout
+        assert f"{stage}: ran" in first_out, first_out
+    assert "Success rate on held-out tasks" in first_out and "refit_logged" in first_out
 
     model = project / "data/bootstrap/model"
     assert (model / "config.json").exists() and (model / "model.safetensors").exists()
