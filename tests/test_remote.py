@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -15,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import BIN, ROOT, project_env, run
+from conftest import BIN, ROOT, free_port, project_env, run, stop_process
 
 BUCKET = "retrosight-data"
 PREFIX = "team/retrosight"
@@ -23,16 +22,10 @@ KEY_ID = "AKIARETROSIGHTTEST"
 SECRET = "retrosight-test-secret-9f3c2a7e"  # must never land in .dvc/config
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory):
     """moto's S3-compatible server on a free local port, stopped at teardown."""
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = (tmp_path_factory.mktemp("moto") / "server.log").open("w")
     proc = subprocess.Popen([str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
@@ -48,12 +41,7 @@ def s3_endpoint(tmp_path_factory):
                 time.sleep(0.2)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout=10)
         log.close()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -14,15 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import BIN, ROOT, project_env, run
+from conftest import BIN, ROOT, free_port, project_env, run, stop_process
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:
@@ -39,20 +32,10 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> N
     raise AssertionError(f"{url} did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture
 def prefect_server(tmp_path):
     """`prefect server start` on loopback, with its own home and database."""
-    port = _free_port()
+    port = free_port()
     env = project_env(tmp_path)
     env["PREFECT_HOME"] = str(tmp_path / "server-home")
     env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
@@ -67,7 +50,7 @@ def prefect_server(tmp_path):
         _wait_http(f"http://127.0.0.1:{port}/api/health", proc, log, timeout=240)
         yield f"http://127.0.0.1:{port}/api"
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 def _sha(path: Path) -> str:
@@ -119,7 +102,7 @@ def test_scheduled_run_then_versions_inspect_diff_lineage(project, prefect_serve
             assert "| out |" in body and "**time**" in body and "**failures**" in body, body
         assert "| reward |" in by_key["retrosight-label"].data
     finally:
-        _stop(serve)
+        stop_process(serve)
 
     # The run is a DVC experiment named after the deployment, and its data is on the remote.
     names = run([str(BIN / "dvc"), "exp", "list", "--all-commits", "--name-only"], project).stdout.split()
