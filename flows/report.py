@@ -16,11 +16,10 @@ import json
 import os
 import re
 import secrets
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 
-from storage.revisions import WORKSPACE, Revision
+from storage.revisions import WORKSPACE, Revision, RevisionError, git
 
 EVALUATE_METRICS = "data/evaluate/metrics.json"
 LABEL_METRICS = "data/label/metrics.json"
@@ -142,8 +141,10 @@ def _describe(repo: Path, commit: str | None) -> str:
     """One line on a revision: short sha, commit date, subject (shortened)."""
     if commit is None:
         return "the files on disk, committed or not"
-    res = subprocess.run(["git", "log", "-1", "--format=%h %cs %s", commit, "--"], cwd=repo, capture_output=True, text=True)
-    line = res.stdout.strip() if res.returncode == 0 else ""
+    try:
+        line = git(repo, "log", "-1", "--format=%h %cs %s", commit, "--").strip()
+    except RevisionError:
+        line = ""
     return (line[:117] + "...") if len(line) > 120 else line or commit
 
 

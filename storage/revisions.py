@@ -44,7 +44,8 @@ class Version:
     message: str
 
 
-def _git(repo: Path, *args: str) -> str:
+def git(repo: Path, *args: str) -> str:
+    """A git command's output in `repo`; RevisionError with git's message when it fails."""
     out = subprocess.run(["git", *args], cwd=repo, text=True, capture_output=True)
     if out.returncode != 0:
         raise RevisionError(out.stderr.strip() or f"git {' '.join(args)} failed")
@@ -55,13 +56,13 @@ def list_versions(repo: Path = Path(".")) -> list[Version]:
     """Commits on HEAD that change dvc.lock, and every DVC experiment, oldest first."""
     versions: dict[str, Version] = {}
     try:
-        log = _git(repo, "log", "--format=%H%x00%cI%x00%s", "--", "dvc.lock")
+        log = git(repo, "log", "--format=%H%x00%cI%x00%s", "--", "dvc.lock")
     except RevisionError:  # a repository with no commit yet
         log = ""
     for line in log.splitlines():
         sha, date, subject = line.split("\0", 2)
         versions[sha] = Version(sha[:7], sha, date, "commit", subject)
-    refs = _git(repo, "for-each-ref", "--format=%(objectname)%00%(refname)%00%(committerdate:iso-strict)%00%(subject)", "refs/exps")
+    refs = git(repo, "for-each-ref", "--format=%(objectname)%00%(refname)%00%(committerdate:iso-strict)%00%(subject)", "refs/exps")
     for line in refs.splitlines():
         sha, ref, date, subject = line.split("\0", 3)
         parts = ref.split("/")
