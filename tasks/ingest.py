@@ -13,14 +13,12 @@ from typing import Any, Literal
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.parquet import write_table
+from storage.parquet import META_NAME, write_table
 from storage.schema import to_table, trajectory_id
+from storage.validate import RAW_CHARS, ROLES, SPLITS, invalid_utf8, role_order_error, row_json
 
-ROLES = ("system", "user", "assistant")
-SPLITS = ("train", "val", "test")
 KEYS = ("messages", "task_id", "env", "split", "policy_id", "seed", "return", "success", "turns")
 TURN_KEYS = ("turn", "reason", "action", "observation", "reward")
-RAW_CHARS = 2_000  # enough to see what was wrong without copying a huge row twice
 INT32, INT64 = 2**31, 2**63
 
 
@@ -29,9 +27,9 @@ class ImportValidationError(ValueError):
 
 
 class BadRow(Exception):
-    def __init__(self, field: str, reason: str):
+    def __init__(self, field: str, reason: str, raw: str = ""):
         super().__init__(f"field '{field}': {reason}")
-        self.field, self.reason = field, reason
+        self.field, self.reason, self.raw = field, reason, raw  # raw: for a row that cannot be read as text
 
 
 def import_trajectories(
@@ -90,21 +88,52 @@ def write_import(
     }
 
 
-def _read(path: Path) -> list[tuple[int, bytes | dict]]:
-    """(row number, record): a JSONL line's raw bytes, or a Parquet row as a dict."""
+def _read(path: Path) -> list[tuple[int, bytes | dict | BadRow]]:
+    """(row number, record): a JSONL line's raw bytes, or a Parquet row as a dict (or, when it
+    holds invalid UTF-8, the BadRow saying where)."""
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         with path.open("rb") as f:
             return [(n, line.rstrip(b"\r\n")) for n, line in enumerate(f, start=1) if line.strip()]
     if suffix == ".parquet":
-        try:
-            return list(enumerate(pq.read_table(path).to_pylist()))
-        except (pa.ArrowInvalid, OSError) as e:
-            raise ImportValidationError(f"{path}: not a readable Parquet file: {e}") from None
+        table = _read_parquet(path)
+        # pyarrow reads invalid UTF-8 into string columns without complaint; to_pylist would fail.
+        bad = invalid_utf8(table)
+        raws = dict(zip(sorted(bad), row_json(table, sorted(bad))))
+        keep = pa.array([row not in bad for row in range(table.num_rows)], pa.bool_())
+        good = iter(table.filter(keep).to_pylist())
+        return [(row, BadRow(*bad[row], raw=raws[row]) if row in bad else next(good)) for row in range(table.num_rows)]
     raise ImportValidationError(f"{path}: unsupported file type {path.suffix!r}: expected .jsonl or .parquet")
 
 
-def _parse(record: bytes | dict) -> Any:
+def _read_parquet(path: Path) -> pa.Table:
+    """A Parquet file of chat-format logs; anything else (unreadable, truncated, a retrosight
+    table, other columns) is an error naming the file."""
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise ImportValidationError(f"{path}: not a readable Parquet file: {e}") from None
+    metadata = table.schema.metadata or {}
+    if META_NAME in metadata:
+        raise ImportValidationError(
+            f"{path}: a retrosight {metadata[META_NAME].decode()!r} table, not chat-format logs; stages read it as it is"
+        )
+    # pandas keeps a non-default index as an extra column; it is not part of the logs.
+    index = [c for c in (table.schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)]
+    table = table.drop_columns(index)
+    unknown = [c for c in table.column_names if c not in KEYS]
+    if unknown:
+        raise ImportValidationError(
+            f"{path}: not chat-format logs: unknown column {unknown[0]!r} (expected columns from: {', '.join(KEYS)})"
+        )
+    if "messages" not in table.column_names:
+        raise ImportValidationError(f"{path}: not chat-format logs: no 'messages' column")
+    return table
+
+
+def _parse(record: bytes | dict | BadRow) -> Any:
+    if isinstance(record, BadRow):
+        raise record
     if isinstance(record, dict):
         return record
     try:
@@ -125,7 +154,9 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     return obj
 
 
-def _raw(record: bytes | dict) -> str:
+def _raw(record: bytes | dict | BadRow) -> str:
+    if isinstance(record, BadRow):
+        return record.raw
     text = record.decode("utf-8", "replace") if isinstance(record, bytes) else json.dumps(record, ensure_ascii=False, default=str)
     return text[:RAW_CHARS]
 
@@ -190,6 +221,9 @@ def _messages(value: Any, max_chars: int) -> list[dict]:
             raise BadRow(f"{where}.role", "missing")
         if not isinstance(role, str) or role not in ROLES:
             raise BadRow(f"{where}.role", f"{role!r} is not one of {', '.join(ROLES)}")
+        wrong_order = role_order_error(out[-1]["role"] if out else None, role)
+        if wrong_order:
+            raise BadRow(f"{where}.role", wrong_order)
         out.append({"role": role, "content": _text(m.get("content"), f"{where}.content")})
     chars = sum(len(m["content"]) for m in out)
     if chars > max_chars:

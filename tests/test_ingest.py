@@ -96,6 +96,19 @@ def without(key: str) -> dict:
     return row
 
 
+def with_roles(*roles: str) -> dict:
+    return good(messages=[{"role": r, "content": f"message {i}"} for i, r in enumerate(roles)])
+
+
+def with_turn(i: int, **change) -> dict:
+    turns = full()["turns"]
+    turns[i] = {**turns[i], **change}
+    return good(turns=turns)
+
+
+MB = 1_000_000
+
+
 BAD_ROWS = {
     "invalid JSON": ('{"messages": [', "json", r"invalid JSON: .* at column"),
     "not an object": ("[1, 2]", "json", r"expected a JSON object, got array"),
@@ -104,11 +117,18 @@ BAD_ROWS = {
     "messages not a list": (good(messages="hi"), "messages", r"expected a list of \{role, content\} objects, got string"),
     "empty messages": (good(messages=[]), "messages", r"empty list"),
     "bad role": (with_message(1, role="tool"), "messages[1].role", r"'tool' is not one of system, user, assistant"),
+    "assistant first": (with_roles("assistant", "user", "assistant"), "messages[0].role", r"^expected 'system' or 'user' first, got 'assistant'$"),
+    "assistant right after system": (with_roles("system", "assistant"), "messages[1].role", r"^expected 'system' or 'user' after 'system', got 'assistant'$"),
+    "system later": (with_message(3, role="system"), "messages[3].role", r"^expected 'user' after 'assistant', got 'system' \(system messages may only come first\)$"),
+    "two user messages in a row": (with_message(2, role="user"), "messages[2].role", r"^expected 'assistant' after 'user', got 'user'$"),
+    "two assistant messages in a row": (with_message(3, role="assistant"), "messages[3].role", r"^expected 'user' after 'assistant', got 'assistant'$"),
     "extra message key": (with_message(1, name="bob"), "messages[1].name", r"unknown key"),
     "empty content": (with_message(3, content="  \n"), "messages[3].content", r"empty string"),
     "content not a string": (with_message(3, content=5), "messages[3].content", r"expected a string, got integer 5"),
     "no assistant turn": (good(messages=[{"role": "user", "content": "hi"}]), "messages", r"no assistant message"),
     "over-long text": (with_message(3, content="x" * 100_001), "messages", r"100,062 characters of text, over the limit of 100,000"),
+    "1 MB message": (with_message(3, content="x" * MB), "messages", r"^1,000,061 characters of text, over the limit of 100,000$"),
+    "1 MB turn": (with_turn(0, action="x" * MB), "turns", r"^1,000,035 characters of text, over the limit of 100,000$"),
     "missing task_id": (without("task_id"), "task_id", r"^missing$"),
     "empty task_id": (good(""), "task_id", r"empty string"),
     "missing env": (without("env"), "env", r"missing \(pass env="),
@@ -119,6 +139,9 @@ BAD_ROWS = {
     "return not a number": (good(**{"return": "high"}), "return", r"expected a number, got string 'high'"),
     "NaN return": (json.dumps(good(**{"return": float("nan")})), "return", r"nan is not a finite number"),
     "infinite return": (json.dumps(good(**{"return": float("inf")})), "return", r"inf is not a finite number"),
+    "overflowing return": (json.dumps(good(**{"return": 1.5})).replace("1.5", "1e999"), "return", r"^inf is not a finite number$"),
+    "NaN turn reward": (json.dumps(with_turn(0, reward=float("nan"))), "turns[0].reward", r"^nan is not a finite number$"),
+    "-inf turn reward": (json.dumps(with_turn(1, reward=float("-inf"))), "turns[1].reward", r"^-inf is not a finite number$"),
     "success not a bool": (good(success="yes"), "success", r"expected true or false, got string 'yes'"),
     "turns count": (good(turns=full()["turns"][:1]), "turns", r"1 turns for 2 assistant messages"),
     "turn reward": (good(turns=[{**t, "reward": "x"} for t in full()["turns"]]), "turns[0].reward", r"expected a number"),
@@ -135,7 +158,75 @@ def test_each_bad_row_is_quarantined_with_its_field(tmp_path, bad, field, reason
     [q] = quarantine.to_pylist()
     assert (q["source_file"], q["row"], q["field"]) == (str(path), 2, field)
     assert re.search(reason, q["reason"]), q["reason"]
-    assert q["raw"] == (bad if isinstance(bad, str) else json.dumps(bad))[:2000]
+    assert q["raw"] == (bad if isinstance(bad, str) else json.dumps(bad))[:2000]  # a 1 MB row is not copied whole
+
+
+def test_invalid_utf8_in_a_jsonl_line_is_quarantined(tmp_path):
+    path = tmp_path / "logs.jsonl"
+    line = json.dumps(good("fig")).encode().replace(b"Is it a fruit?", b"Is it a fr\xffuit?")
+    path.write_bytes(json.dumps(good("pear")).encode() + b"\n" + line + b"\n")
+    trajectories, quarantine = import_trajectories(path)
+    assert trajectories.column("task_id").to_pylist() == ["pear"]
+    [q] = quarantine.to_pylist()
+    at = line.index(b"\xff")
+    assert (q["row"], q["field"], q["reason"]) == (2, "json", f"invalid UTF-8: invalid start byte at byte {at}")
+    assert "Is it a fr\ufffduit?" in q["raw"]
+
+
+def write_parquet(path: Path, rows: list[dict], **options) -> Path:
+    pq.write_table(pa.Table.from_pylist(rows), path, **options)
+    return path
+
+
+def test_invalid_utf8_in_a_parquet_string_column_is_quarantined_with_its_field(tmp_path):
+    # pyarrow writes and reads such bytes without complaint, so they are patched into the file:
+    # uncompressed and without dictionaries, the string is in the file as it is.
+    fig = full("fig")
+    fig["messages"][4]["content"] = "Is it a fig?"
+    path = write_parquet(tmp_path / "logs.parquet", [full("pear"), fig, full("kiwi")], compression="none", use_dictionary=False)
+    data = path.read_bytes()
+    assert b"Is it a fig?" in data
+    path.write_bytes(data.replace(b"Is it a fig?", b"Is it a \xe0ig?"))  # a lead byte without its continuation
+    trajectories, quarantine = import_trajectories(path)
+    assert sorted(trajectories.column("task_id").to_pylist()) == ["kiwi", "pear"]
+    [q] = quarantine.to_pylist()
+    assert (q["row"], q["field"], q["reason"]) == (1, "messages[4].content", "invalid UTF-8: invalid continuation byte at byte 8")
+    assert '"task_id": "fig"' in q["raw"] and "\ufffd" in q["raw"]
+    with pytest.raises(ImportValidationError, match=r"logs\.parquet:1: field 'messages\[4\]\.content': invalid UTF-8"):
+        import_trajectories(path, on_error="raise")
+
+
+def test_parquet_non_finite_rewards_and_duplicates_are_quarantined(tmp_path):
+    nan_return = {**full("fig"), "return": float("nan")}
+    inf_turn = full("kiwi")
+    inf_turn["turns"][1]["reward"] = float("inf")
+    path = write_parquet(tmp_path / "logs.parquet", [full("pear"), full("pear"), nan_return, inf_turn, full("plum")])
+    trajectories, quarantine = import_trajectories(path)
+    assert sorted(trajectories.column("task_id").to_pylist()) == ["pear", "plum"]
+    assert quarantine.select(["row", "field", "reason"]).to_pylist() == [
+        {"row": 1, "field": "trajectory_id", "reason": "duplicate of row 0 (same content)"},
+        {"row": 2, "field": "return", "reason": "nan is not a finite number"},
+        {"row": 3, "field": "turns[1].reward", "reason": "inf is not a finite number"},
+    ]
+
+
+def test_parquet_1mb_turn_is_quarantined_without_a_1mb_copy(tmp_path):
+    huge = full("fig")
+    huge["messages"][2]["content"] = "y" * MB
+    path = write_parquet(tmp_path / "logs.parquet", [full("pear"), huge])
+    counts = write_import(path, tmp_path / "out")
+    assert counts == {"rows_in": 2, "imported": 1, "quarantined": 1}
+    [q] = read_table(tmp_path / "out/quarantine.parquet", "quarantine").to_pylist()
+    assert (q["row"], q["field"]) == (1, "messages")
+    assert "over the limit of 100,000" in q["reason"] and len(q["raw"]) == 2000
+
+
+def test_parquet_written_by_pandas_with_an_index_imports(tmp_path):
+    pd = pytest.importorskip("pandas")
+    df = pd.DataFrame([full("pear"), full("fig")]).iloc[[1, 0]]  # a non-default index is stored as a column
+    pq.write_table(pa.Table.from_pandas(df), tmp_path / "logs.parquet")
+    trajectories, quarantine = import_trajectories(tmp_path / "logs.parquet")
+    assert quarantine.num_rows == 0 and trajectories.num_rows == 2
 
 
 def test_duplicate_trajectory_names_the_earlier_row(tmp_path):
@@ -184,3 +275,33 @@ def test_unusable_files_are_clear_errors(tmp_path, name, content, match):
     (tmp_path / name).write_text(content)
     with pytest.raises(ImportValidationError, match=match):
         import_trajectories(tmp_path / name)
+
+
+def truncated(path: Path) -> Path:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def retrosight_table(path: Path) -> Path:
+    write_import(write_jsonl(path.parent / "in.jsonl", [good()]), path.parent / "imported")
+    return path.parent / "imported/trajectories.parquet"
+
+
+UNUSABLE_PARQUET = {
+    "truncated": (lambda p: truncated(write_parquet(p, [full()])), r"logs\.parquet: not a readable Parquet file"),
+    "no rows": (lambda p: pq.write_table(pa.Table.from_pylist([full()]).slice(0, 0), p) or p, r"logs\.parquet: empty file"),
+    "other columns": (
+        lambda p: write_parquet(p, [{"prompt": "hi", "completion": "hello"}]),
+        r"logs\.parquet: not chat-format logs: unknown column 'prompt' \(expected columns from: messages, task_id",
+    ),
+    "no messages column": (lambda p: write_parquet(p, [{"task_id": "apple"}]), r"logs\.parquet: not chat-format logs: no 'messages' column"),
+    "a retrosight table": (retrosight_table, r"trajectories\.parquet: a retrosight 'trajectories' table, not chat-format logs"),
+}
+
+
+@pytest.mark.parametrize("make, match", UNUSABLE_PARQUET.values(), ids=UNUSABLE_PARQUET.keys())
+def test_unusable_parquet_files_are_clear_errors_naming_the_file(tmp_path, make, match):
+    path = make(tmp_path / "logs.parquet")
+    with pytest.raises(ImportValidationError, match=match):
+        import_trajectories(path)

@@ -1,0 +1,519 @@
+"""Row checks for retrosight tables at a stage boundary.
+
+A stage reads tables an earlier stage wrote, or files a user copied or edited by hand.
+read_checked() refuses a file it cannot read as the named table (ValueError naming the file)
+and splits the rest into kept rows, in their original order, and quarantined rows, each with
+the field (`messages[3].role`, `turns[1].reward`, `reward`) and the reason. Rows in = kept +
+quarantined, always. A row is quarantined once, for the first problem found: invalid UTF-8
+first (nothing else can be read from such a row), then the checks every schema gets, then the
+schema's own rules, then duplicate keys among the rows still kept.
+
+Checks are vectorised over each column (nested lists flattened once), BATCH_ROWS rows at a
+time; Python loops only over the problems found and the trajectory content hashes (one SHA-256
+per row over JSON polars writes). 10,000 collected trajectories (343k messages) take about 0.4 s
+on top of the 0.2 s read.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from storage.parquet import SchemaVersionError, read_table, schema_of
+from storage.schema import ID_FIELDS, TableSchema, get_schema, to_table, trajectory_id
+
+MAX_TEXT_CHARS = 100_000  # per string value (one message, one action, one summary)
+RAW_CHARS = 2_000  # of a quarantined row's JSON: enough to see what was wrong without copying a huge row
+BATCH_ROWS = 10_000  # rows checked at a time, so flattened nested columns stay small
+
+ROLES = ("system", "user", "assistant")
+SPLITS = ("train", "val", "test")
+SOURCES = ("policy", "import", "regeneration")
+STATUSES = ("ok", "invalid", "failed")  # tasks.roles.Outcome: unparseable after retries, or no answer
+STANDARDIZE_STATUSES = ("ok", "tied", "singleton", "no_reward")
+RELABEL_MODES = ("hope", "hr")
+
+# The chat format's role order: optional leading system messages, then user and assistant
+# alternating, starting with user. Keyed by the previous role (None: the first message).
+NEXT_ROLES: dict[str | None, tuple[str, ...]] = {
+    None: ("system", "user"),
+    "system": ("system", "user"),
+    "user": ("assistant",),
+    "assistant": ("user",),
+}
+
+Problem = tuple[int, str, str]  # (row, field path, reason)
+
+
+def role_order_error(previous: str | None, role: str) -> str | None:
+    """Why `role` may not follow `previous` (None: it is the first message); None if it may."""
+    expected = NEXT_ROLES[previous]
+    if role in expected:
+        return None
+    where = "first" if previous is None else f"after {previous!r}"
+    hint = " (system messages may only come first)" if role == "system" else ""
+    return f"expected {' or '.join(map(repr, expected))} {where}, got {role!r}{hint}"
+
+
+def read_checked(path: Path | str, name: str) -> tuple[pa.Table, pa.Table]:
+    """(kept rows, quarantine table) of the retrosight table `name` at `path`.
+
+    Quarantine rows name source_file=str(path) and row = the 0-based row index in the file.
+    A file that is unreadable, truncated, another table, an unknown schema version or has
+    other columns is a ValueError naming the file (and the column, when that is the problem).
+    """
+    try:
+        table = read_table(path, name)
+    except SchemaVersionError as e:
+        detail = _file_difference(path, name)
+        raise SchemaVersionError(f"{e}: {detail}" if detail else str(e)) from None
+    except (pa.ArrowException, OSError) as e:  # a readable footer over corrupt pages
+        raise ValueError(f"{path}: not a readable Parquet file: {e}") from None
+    return check_rows(table, name, str(path))
+
+
+def check_rows(table: pa.Table, name: str, source_file: str) -> tuple[pa.Table, pa.Table]:
+    """read_checked for a table in memory; columns castable to the schema's types are cast."""
+    ts = get_schema(name)
+    rules = RULES.get(name, Rules())
+    table = _conformed(table, ts, source_file)
+    problems: dict[int, tuple[str, str]] = {}
+    start = 0
+    for batch in table.to_batches(max_chunksize=BATCH_ROWS):
+        for row, path, reason in _batch_problems(batch, rules):
+            problems.setdefault(start + row, (path, reason))
+        start += batch.num_rows
+    bad = sorted(problems)
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[bad] = False
+    if rules.key:
+        for row, path, reason in _duplicates(table, rules.key, keep):
+            problems[row] = (path, reason)
+        bad = sorted(problems)
+        keep[bad] = False
+    quarantine = [
+        {"source_file": source_file, "row": row, "field": problems[row][0], "reason": problems[row][1], "raw": raw}
+        for row, raw in zip(bad, row_json(table, bad))
+    ]
+    return table.filter(pa.array(keep)), to_table(quarantine, "quarantine")
+
+
+def invalid_utf8(table: pa.Table | pa.RecordBatch) -> dict[int, tuple[str, str]]:
+    """{row: (field path, reason)} of the first string holding invalid UTF-8 in each such row.
+
+    Parquet readers hand such bytes over as strings without complaint, and they only fail
+    later (to_pylist, compute kernels), so they are found first, column by column.
+    """
+    found: dict[int, tuple[str, str]] = {}
+    start = 0
+    for batch in _batches(table):
+        for node in _nodes(batch).values():
+            if not _is_string(node.field.type):
+                continue
+            try:
+                node.values.validate(full=True)
+                continue
+            except pa.ArrowInvalid:
+                pass
+            binary = pa.large_binary() if pa.types.is_large_string(node.field.type) else pa.binary()
+            for k, raw in enumerate(node.values.view(binary).to_pylist()):
+                if raw is None:
+                    continue
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    found.setdefault(start + int(node.rows[k]), (node.path(k), f"invalid UTF-8: {e.reason} at byte {e.start}"))
+        start += batch.num_rows
+    return found
+
+
+def row_json(table: pa.Table, rows: list[int]) -> list[str]:
+    """Each of `rows` as JSON text cut to RAW_CHARS; invalid UTF-8 shows as U+FFFD."""
+    if not rows:
+        return []
+    # Strings read as bytes, so a row with invalid UTF-8 can still be shown.
+    taken = table.take(pa.array(rows, pa.int64())).cast(_as_binary(table.schema))
+    return [json.dumps(row, ensure_ascii=False, default=_decode)[:RAW_CHARS] for row in taken.to_pylist()]
+
+
+# --- per-schema rules --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rules:
+    key: str | None = None  # unique per table; the later duplicate is quarantined
+    text: tuple[str, ...] = ()  # fields that must hold more than whitespace
+    enums: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    rows: Callable[[pa.RecordBatch, dict[str, _Node]], Iterator[Problem]] | None = None  # cross-field rules
+
+
+@dataclass(frozen=True)
+class _Node:
+    """One field of a batch, nested lists flattened: a value per element, each element's row."""
+
+    name: str  # "messages[].role"
+    field: pa.Field
+    values: pa.Array
+    rows: np.ndarray  # the batch row of each element
+    index: tuple[np.ndarray, ...]  # each element's position in each enclosing list
+
+    def path(self, k: int) -> str:
+        """The field path of element k, e.g. messages[3].role."""
+        parts = self.name.split("[]")
+        return "".join(p + (f"[{self.index[i][k]}]" if i < len(self.index) else "") for i, p in enumerate(parts))
+
+
+def _messages_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    """messages non-empty, in the chat format's role order, with at least one assistant message."""
+    lengths = _np(pc.list_value_length(batch.column("messages")), fill=-1)
+    yield from _flag(lengths == 0, "messages", "empty list")
+    roles = nodes["messages[].role"]
+    codes = _role_codes(roles)
+    position = roles.index[-1]
+    previous = np.where(position == 0, len(ROLES), np.roll(codes, 1))  # len(ROLES): nothing yet
+    known = (codes >= 0) & (previous >= 0)  # unknown roles are reported by the enum check
+    wrong = np.zeros(len(codes), dtype=bool)
+    wrong[known] = ~_ALLOWED[previous[known], codes[known]]
+    for k in np.flatnonzero(wrong):
+        before = None if previous[k] == len(ROLES) else ROLES[previous[k]]
+        yield int(roles.rows[k]), roles.path(k), role_order_error(before, ROLES[codes[k]])
+    yield from _flag((lengths > 0) & (_assistants(batch, nodes) == 0), "messages", "no assistant message")
+
+
+_ALLOWED = np.array([[role in NEXT_ROLES[prev] for role in ROLES] for prev in (*ROLES, None)])
+
+
+def _role_codes(roles: _Node) -> np.ndarray:
+    """Each role's index in ROLES; -1 for a null or unknown role."""
+    return _np(pc.index_in(roles.values, value_set=pa.array(ROLES)), fill=-1)
+
+
+def _assistants(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> np.ndarray:
+    """The number of assistant messages in each row."""
+    roles = nodes["messages[].role"]
+    return np.bincount(roles.rows[_role_codes(roles) == ROLES.index("assistant")], minlength=batch.num_rows)
+
+
+def _trajectory_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    yield from _messages_rules(batch, nodes)
+    assistants = _assistants(batch, nodes)
+    num_turns = _np(batch.column("num_turns"), fill=-1)
+    turns = _np(pc.list_value_length(batch.column("turns")), fill=-1)
+    has = assistants > 0
+    yield from _flag(has & (num_turns != assistants), "num_turns", lambda r: f"{num_turns[r]}, but messages hold {assistants[r]} assistant messages")
+    yield from _flag(has & (turns >= 0) & (turns != assistants), "turns", lambda r: f"{turns[r]} turns for {assistants[r]} assistant messages (one each expected)")
+    # Lineage: a regeneration names the parent, the turn it branched at and the relabel; nothing else does.
+    regenerated = _np(pc.equal(batch.column("source"), "regeneration"), fill=False)
+    for name in ("parent_id", "branch_turn", "relabel_id"):
+        given = _np(batch.column(name).is_valid())
+        yield from _flag(regenerated & ~given, name, "null on a regeneration row (it must name its origin)")
+        yield from _flag(~regenerated & given, name, lambda r: f"set on a {batch.column('source')[r].as_py()!r} row (only regenerations have one)")
+    branch = _np(batch.column("branch_turn"), fill=0)
+    outside = _np(batch.column("branch_turn").is_valid()) & ((branch < 0) | (branch >= num_turns))
+    yield from _flag(outside, "branch_turn", lambda r: f"{branch[r]} is outside 0..{num_turns[r] - 1} (the row's turns)")
+    # A hand-edited row keeps its old ID; the content hash gives it away. Checked last, so a
+    # row that failed another check is reported for that.
+    yield from _hash_mismatches(batch)
+
+
+def _hash_mismatches(batch: pa.RecordBatch) -> Iterator[Problem]:
+    """Rows whose trajectory_id is not storage.schema.trajectory_id of their content.
+
+    polars writes the same canonical JSON (sorted keys, no spaces, UTF-8 as is) about ten times
+    faster than json.dumps over to_pylist; trajectory_id itself rehashes any row that differs
+    and has the last word, so an encoding difference can cost time but never a good row.
+    """
+    messages = pl.col("messages").list.eval(pl.struct(pl.element().struct.field("content"), pl.element().struct.field("role")))
+    canonical = pl.from_arrow(batch.select(list(ID_FIELDS))).select(
+        pl.struct([messages if name == "messages" else pl.col(name) for name in sorted(ID_FIELDS)]).struct.json_encode()
+    ).to_series()
+    ids = batch.column("trajectory_id").to_pylist()
+    for r, text in enumerate(canonical):
+        if hashlib.sha256(text.encode()).hexdigest()[:16] == ids[r]:
+            continue
+        expected = trajectory_id(batch.slice(r, 1).select(list(ID_FIELDS)).to_pylist()[0])
+        if ids[r] != expected:
+            yield r, "trajectory_id", f"{ids[r]!r} is not the content hash of the row ({expected!r}): edited after it was written?"
+
+
+def _summary_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    ok = _np(pc.equal(batch.column("status"), "ok"), fill=False)
+    yield from _flag(ok & _blank(batch.column("summary")), "summary", "empty on a row with status 'ok'")
+    yield from _flag(~ok & _blank(batch.column("reason")), "reason", "empty on a row whose status is not 'ok' (it must say why)")
+
+
+def _relabel_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    ok = _np(pc.equal(batch.column("status"), "ok"), fill=False)
+    yield from _flag(ok & ~_np(batch.column("branch_turn").is_valid()), "branch_turn", "null on a row with status 'ok' (regenerate splices there)")
+    yield from _flag(ok & _blank(batch.column("counterfactual_text")), "counterfactual_text", "empty on a row with status 'ok'")
+    yield from _flag(~ok & _blank(batch.column("reason")), "reason", "empty on a row whose status is not 'ok' (it must say why)")
+    for name in ("branch_turn", "rank"):
+        values = _np(batch.column(name), fill=0)
+        yield from _flag(values < 0, name, lambda r, v=values: f"{v[r]} is negative")
+
+
+def _label_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    ok = _np(pc.equal(batch.column("status"), "ok"), fill=False)
+    given = _np(batch.column("reward").is_valid())
+    yield from _flag(ok & ~given, "reward", "null on a row with status 'ok'")
+    yield from _flag(~ok & given, "reward", lambda r: f"{batch.column('reward')[r].as_py()} on a row with status {batch.column('status')[r].as_py()!r} (a failed label has none)")
+    yield from _flag(~ok & _blank(batch.column("reason")), "reason", "empty on a row whose status is not 'ok' (it must say why)")
+
+
+def _weight_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    yield from _messages_rules(batch, nodes)
+    weight = _np(batch.column("weight"), fill=0.0)
+    yield from _flag((weight < 0) | (weight > 1), "weight", lambda r: f"{weight[r]} is outside [0, 1] (Refit's weight is the reward scaled to [0, 1])")
+
+
+def _training_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    yield from _weight_rules(batch, nodes)
+    size = _np(batch.column("group_size"), fill=0)
+    yield from _flag(size < 0, "group_size", lambda r: f"{size[r]} is negative")
+    unrewarded = _np(pc.equal(batch.column("standardize_status"), "no_reward"), fill=False)
+    for name in ("reward", "standardized_reward"):
+        given = _np(batch.column(name).is_valid())
+        yield from _flag(~unrewarded & ~given, name, "null on a row whose standardize_status is not 'no_reward'")
+        yield from _flag(unrewarded & given, name, "set on a row whose standardize_status is 'no_reward'")
+
+
+MESSAGE_TEXT = ("messages[].role", "messages[].content")
+RULES: dict[str, Rules] = {
+    "trajectories": Rules(
+        key="trajectory_id",
+        text=("trajectory_id", "env", "task_id", "split", "source", "policy_id", *MESSAGE_TEXT),
+        enums={"split": SPLITS, "source": SOURCES, "messages[].role": ROLES},
+        rows=_trajectory_rules,
+    ),
+    "summaries": Rules(
+        key="trajectory_id",
+        text=("trajectory_id", "task_id", "status", "role", "backend", "model", "prompt_hash"),
+        enums={"status": STATUSES},
+        rows=_summary_rules,
+    ),
+    "relabels": Rules(
+        key="relabel_id",
+        text=("relabel_id", "trajectory_id", "task_id", "split", "mode", "status", "proposer", "prompt_hash"),
+        enums={"split": SPLITS, "mode": RELABEL_MODES, "status": STATUSES},
+        rows=_relabel_rules,
+    ),
+    "labels": Rules(
+        key="trajectory_id",
+        text=("trajectory_id", "task_id", "source", "labeler", "model", "prompt_hash", "status"),
+        enums={"source": SOURCES, "status": STATUSES},
+        rows=_label_rules,
+    ),
+    "training": Rules(
+        key="trajectory_id",
+        text=("trajectory_id", "task_id", "split", "source", "standardize_status", *MESSAGE_TEXT),
+        enums={"split": SPLITS, "source": SOURCES, "standardize_status": STANDARDIZE_STATUSES, "messages[].role": ROLES},
+        rows=_training_rules,
+    ),
+    "export": Rules(
+        key="trajectory_id",
+        text=("trajectory_id", "task_id", "source", *MESSAGE_TEXT),
+        enums={"source": SOURCES, "messages[].role": ROLES},
+        rows=_weight_rules,
+    ),
+    "quarantine": Rules(text=("source_file", "field", "reason")),
+}
+
+
+# --- the checks --------------------------------------------------------------------------------
+
+
+def _batch_problems(batch: pa.RecordBatch, rules: Rules) -> Iterator[Problem]:
+    bad_text = invalid_utf8(batch)
+    for row, (path, reason) in bad_text.items():
+        yield row, path, reason
+    rows = np.setdiff1d(np.arange(batch.num_rows), np.fromiter(bad_text, dtype=np.int64))
+    clean = batch.take(pa.array(rows)) if bad_text else batch  # the other checks need valid text
+    nodes = _nodes(clean)
+    checks = [_nulls(nodes), _enums(nodes, rules), _blanks(nodes, rules), _lengths(nodes), _non_finite(nodes)]
+    if rules.rows:
+        checks.append(rules.rows(clean, nodes))
+    for check in checks:
+        for row, path, reason in check:
+            yield int(rows[row]), path, reason
+
+
+def _nulls(nodes: dict[str, _Node]) -> Iterator[Problem]:
+    # Arrow does not enforce nullability, so a table built in memory can break it.
+    for node in nodes.values():
+        if not node.field.nullable and node.values.null_count:
+            yield from _where(node, _np(node.values.is_null()), "null in a required field")
+
+
+def _enums(nodes: dict[str, _Node], rules: Rules) -> Iterator[Problem]:
+    for name, allowed in rules.enums.items():
+        node = nodes[name]
+        outside = _np(pc.invert(pc.is_in(node.values, value_set=pa.array(allowed))), fill=False)
+        yield from _where(node, outside, lambda k, n=node, a=allowed: f"{n.values[k].as_py()!r} is not one of {', '.join(a)}")
+
+
+def _blanks(nodes: dict[str, _Node], rules: Rules) -> Iterator[Problem]:
+    for name in rules.text:
+        node = nodes[name]
+        yield from _where(node, _blank(node.values) & _np(node.values.is_valid()), "empty string")
+
+
+def _lengths(nodes: dict[str, _Node]) -> Iterator[Problem]:
+    for node in nodes.values():
+        if _is_string(node.field.type):
+            # Bytes bound characters from above, so only strings past the limit in bytes are counted.
+            long = _np(pc.greater(pc.binary_length(node.values), MAX_TEXT_CHARS), fill=False)
+            for k in np.flatnonzero(long):
+                chars = len(node.values[k].as_py())
+                if chars > MAX_TEXT_CHARS:
+                    yield int(node.rows[k]), node.path(k), f"{chars:,} characters, over the limit of {MAX_TEXT_CHARS:,}"
+
+
+def _non_finite(nodes: dict[str, _Node]) -> Iterator[Problem]:
+    for node in nodes.values():
+        if pa.types.is_floating(node.field.type):
+            bad = _np(pc.invert(pc.is_finite(node.values)), fill=False)
+            yield from _where(node, bad, lambda k, n=node: f"{n.values[k].as_py()} is not a finite number")
+
+
+def _duplicates(table: pa.Table, key: str, keep: np.ndarray) -> Iterator[Problem]:
+    """Each kept row whose key an earlier kept row has, naming that row."""
+    rows = np.flatnonzero(keep)
+    later = pl.DataFrame({"key": pl.from_arrow(table.column(key).take(pa.array(rows))), "row": rows})
+    later = later.with_columns(first=pl.col("row").first().over("key")).filter(pl.col("row") != pl.col("first"))
+    for value, row, first in later.iter_rows():
+        yield row, key, f"duplicate of row {first} (same {key} {value!r})"
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def _nodes(batch: pa.RecordBatch) -> dict[str, _Node]:
+    """Every field of `batch`, nested ones included, keyed like "messages[].role"."""
+    out: dict[str, _Node] = {}
+
+    def walk(name: str, f: pa.Field, values: pa.Array, rows: np.ndarray, index: tuple[np.ndarray, ...]) -> None:
+        out[name] = _Node(name, f, values, rows, index)
+        if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
+            lengths = _np(pc.list_value_length(values), fill=0)
+            parent = np.repeat(np.arange(len(values)), lengths)
+            position = np.arange(len(parent)) - (np.cumsum(lengths) - lengths)[parent]
+            # flatten() skips the contents of null lists, as list_value_length counts them 0.
+            walk(f"{name}[]", f.type.value_field, values.flatten(), rows[parent], (*(i[parent] for i in index), position))
+        elif pa.types.is_struct(f.type):
+            for child, array in zip(f.type, values.flatten()):  # the struct's nulls carried into its fields
+                walk(f"{name}.{child.name}", child, array, rows, index)
+
+    for f, column in zip(batch.schema, batch.columns):
+        walk(f.name, f, column, np.arange(batch.num_rows), ())
+    return out
+
+
+def _batches(table: pa.Table | pa.RecordBatch) -> Iterator[pa.RecordBatch]:
+    if isinstance(table, pa.RecordBatch):
+        yield table
+        return
+    yield from table.to_batches(max_chunksize=BATCH_ROWS)
+
+
+def _where(node: _Node, mask: np.ndarray, reason: str | Callable[[int], str]) -> Iterator[Problem]:
+    for k in np.flatnonzero(mask):
+        yield int(node.rows[k]), node.path(k), reason if isinstance(reason, str) else reason(int(k))
+
+
+def _flag(mask: np.ndarray, path: str, reason: str | Callable[[int], str]) -> Iterator[Problem]:
+    """Problems of a top-level field, one per row where `mask` holds."""
+    for r in np.flatnonzero(mask):
+        yield int(r), path, reason if isinstance(reason, str) else reason(int(r))
+
+
+def _np(values: pa.Array | pa.ChunkedArray, fill=None) -> np.ndarray:
+    if fill is not None:
+        values = values.fill_null(fill)
+    return values.to_numpy(zero_copy_only=False)
+
+
+def _blank(values: pa.Array) -> np.ndarray:
+    """True where a string is null or only whitespace."""
+    return _np(pc.equal(pc.binary_length(pc.utf8_trim_whitespace(values)), 0), fill=True)
+
+
+def _is_string(typ: pa.DataType) -> bool:
+    return pa.types.is_string(typ) or pa.types.is_large_string(typ)
+
+
+def _as_binary(schema: pa.Schema) -> pa.Schema:
+    """`schema` with strings as bytes and every field nullable (a quarantined row may hold nulls)."""
+
+    def convert(f: pa.Field) -> pa.Field:
+        typ = f.type
+        if _is_string(typ):
+            typ = pa.large_binary() if pa.types.is_large_string(typ) else pa.binary()
+        elif pa.types.is_list(typ):
+            typ = pa.list_(convert(typ.value_field))
+        elif pa.types.is_large_list(typ):
+            typ = pa.large_list(convert(typ.value_field))
+        elif pa.types.is_struct(typ):
+            typ = pa.struct([convert(child) for child in typ])
+        return pa.field(f.name, typ, nullable=True)
+
+    return pa.schema([convert(f) for f in schema])
+
+
+def _decode(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _conformed(table: pa.Table, ts: TableSchema, where: str) -> pa.Table:
+    """`table` with the columns of `ts`, in its order, cast where the types differ but fit."""
+    problem = _missing_or_extra(table.schema, ts.schema)
+    if problem:
+        raise ValueError(f"{where}: {ts.name!r} table {problem}")
+    columns = []
+    for f in ts.schema:
+        column = table.column(f.name)
+        if column.type != f.type:
+            try:
+                column = column.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+                raise ValueError(f"{where}: column {f.name!r} is {column.type}, expected {f.type}") from None
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=ts.schema.with_metadata(table.schema.metadata))
+
+
+def _missing_or_extra(found: pa.Schema, expected: pa.Schema) -> str | None:
+    missing = [n for n in expected.names if n not in found.names]
+    extra = [n for n in found.names if n not in expected.names]
+    if missing:
+        return f"lacks column {missing[0]!r}"
+    return f"has unknown column {extra[0]!r}" if extra else None
+
+
+def _file_difference(path: Path | str, name: str) -> str | None:
+    """Which column makes a file with the right schema name and version differ from it."""
+    found = pq.read_schema(path)
+    try:
+        ts = schema_of(path, found.metadata)
+    except SchemaVersionError:
+        return None  # the metadata itself is the problem, and the error says so
+    if ts.name != name:
+        return None
+    problem = _missing_or_extra(found, ts.schema)
+    if problem:
+        return problem
+    for f in ts.schema:
+        g = found.field(f.name)
+        if g.type != f.type:
+            return f"column {f.name!r} is {g.type}, expected {f.type}"
+        if g.nullable != f.nullable:
+            return f"column {f.name!r} is {'nullable' if g.nullable else 'required'}, expected {'nullable' if f.nullable else 'required'}"
+    return "columns in another order"
