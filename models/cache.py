@@ -2,7 +2,8 @@
 
 Keyed by (backend, model, sampling parameters, seed, messages). It lives in one SQLite file in
 WAL mode: readers never block, concurrent writers (threads, or two stages in two processes)
-serialise on SQLite's own lock, and a killed writer leaves the last committed state. Only
+serialise on SQLite's own lock, and a killed writer leaves the last committed state. Misses are
+committed a chunk at a time, so a killed run's finished chunks are its checkpoint. Only
 successful completions are stored, so a request that failed is tried again on the next run.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ CREATE TABLE IF NOT EXISTS responses (
     created REAL NOT NULL
 )
 """
+COMMIT_EVERY = 256  # requests per committed chunk for backends with no batch size of their own
 
 
 def request_key(backend: str, model: str, sampling: SamplingParams, seed: int, messages: list[Message]) -> str:
@@ -102,15 +104,25 @@ class CachedGenerator:
         todo = [i for i, c in enumerate(out) if c is None]
         self.cache_stats["hits"] += len(keys) - len(todo)
         self.cache_stats["misses"] += len(todo)
-        if todo:
+        # Misses go to the backend a chunk at a time, each chunk committed as it finishes: a run
+        # killed mid-call loses at most the chunk in flight, and its rerun pays for nothing else.
+        step = self.commit_every
+        for start in range(0, len(todo), step):
+            chunk = todo[start : start + step]
             t0 = time.perf_counter()
-            fresh = self.inner.generate([conversations[i] for i in todo], sampling, [seeds[i] for i in todo])
+            fresh = self.inner.generate([conversations[i] for i in chunk], sampling, [seeds[i] for i in chunk])
             self.cache_stats["backend_seconds"] += time.perf_counter() - t0
-            self.cache.put_many([(keys[i], self.backend, self.model_id, c.text) for i, c in zip(todo, fresh) if c.ok])
-            for i, c in zip(todo, fresh, strict=True):
+            self.cache.put_many([(keys[i], self.backend, self.model_id, c.text) for i, c in zip(chunk, fresh) if c.ok])
+            for i, c in zip(chunk, fresh, strict=True):
                 out[i] = c
                 self.cache_stats["failures"] += not c.ok
         return out  # type: ignore[return-value]
+
+    @property
+    def commit_every(self) -> int:
+        # hf generates batch_size rows at a time anyway; a served model (vLLM, an API) gets
+        # enough at once to keep its own batching or concurrency full.
+        return getattr(self.inner, "batch_size", None) or COMMIT_EVERY
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # backend extras (hf's prompt-token stats) stay reachable

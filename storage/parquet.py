@@ -2,10 +2,12 @@
 
 Writes are deterministic (fixed writer settings, no timestamps), so the same table always
 gives the same bytes and DVC sees no change on a rerun. A reader never sees a partial file:
-each write goes to a hidden temp file in the target's directory, then os.replace()s it.
+each write goes to a hidden temp file in the target's directory, then os.replace()s it. A
+writer killed mid-write leaves only its temp file, which the next write of that path removes.
 """
 from __future__ import annotations
 
+import glob
 import os
 import secrets
 from pathlib import Path
@@ -33,6 +35,7 @@ def write_table(table: pa.Table, path: Path | str, name: str) -> None:
     ts = get_schema(name)
     table = conform(table, ts, where=str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale_temps(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
     try:
         with open(tmp, "xb") as f:
@@ -43,6 +46,28 @@ def write_table(table: pa.Table, path: Path | str, name: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_stale_temps(path: Path) -> list[Path]:
+    """Delete temp files a killed writer of `path` left behind (its pid is no longer running),
+    so they never pile up in an output directory DVC tracks. Returns what was removed."""
+    removed = []
+    for tmp in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2 :].split(".", 1)[0]
+        if pid.isdigit() and not _running(int(pid)):
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process
+    return True
 
 
 def conform(table: pa.Table, ts: TableSchema, where: str = "table") -> pa.Table:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from storage.parquet import SchemaVersionError, read_table, schema_of
+from storage.parquet import SchemaVersionError, read_table, schema_of, write_table
 from storage.schema import ID_FIELDS, TableSchema, get_schema, to_table, trajectory_id
 
 MAX_TEXT_CHARS = 100_000  # per string value (one message, one action, one summary)
@@ -104,6 +104,42 @@ def check_rows(table: pa.Table, name: str, source_file: str) -> tuple[pa.Table, 
         for row, raw in zip(bad, row_json(table, bad))
     ]
     return table.filter(pa.array(keep)), to_table(quarantine, "quarantine")
+
+
+class StageInputs:
+    """A stage's input tables, each row-checked as it is read. What was quarantined goes to the
+    stage's one quarantine table; the counts say, per file, rows in = kept + quarantined."""
+
+    def __init__(self) -> None:
+        self.quarantined: list[pa.Table] = []
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def read(self, path: Path | str, name: str) -> pa.Table:
+        kept, quarantine = read_checked(path, name)
+        self.add(str(path), kept.num_rows + quarantine.num_rows, quarantine)
+        return kept
+
+    def file_rows(self, path: Path | str, kept: pa.Table) -> list[int]:
+        """The row numbers in the file of `kept`, the rows read() returned from `path`."""
+        dropped = {r for q in self.quarantined for r, f in zip(q["row"].to_pylist(), q["source_file"].to_pylist()) if f == str(path)}
+        return [r for r in range(kept.num_rows + len(dropped)) if r not in dropped]
+
+    def read_polars(self, path: Path | str, name: str) -> pl.DataFrame:
+        return pl.from_arrow(self.read(path, name))
+
+    def add(self, source: str, rows_in: int, quarantine: pa.Table) -> None:
+        """Counts for rows a stage quarantined itself (rows that fail a check across tables)."""
+        entry = self.counts.setdefault(source, {"rows_in": rows_in, "kept": rows_in, "quarantined": 0})
+        entry["kept"] -= quarantine.num_rows
+        entry["quarantined"] += quarantine.num_rows
+        assert entry["rows_in"] == entry["kept"] + entry["quarantined"], entry
+        self.quarantined.append(quarantine)
+
+    def write(self, out_dir: Path) -> dict[str, dict[str, int]]:
+        """Writes out_dir/quarantine.parquet (empty when nothing was quarantined); returns the counts."""
+        table = pa.concat_tables(self.quarantined) if self.quarantined else to_table([], "quarantine")
+        write_table(table, Path(out_dir) / "quarantine.parquet", "quarantine")
+        return self.counts
 
 
 def invalid_utf8(table: pa.Table | pa.RecordBatch) -> dict[int, tuple[str, str]]:

@@ -20,8 +20,9 @@ from pathlib import Path
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.labeler import label_trajectory
 from envs.twenty_questions.llm_roles import chat, dialogue, parse_reward, parse_rubric, template_hash
-from storage.parquet import read_table, write_table
+from storage.parquet import write_table
 from storage.schema import to_table
+from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.plots import histogram, write_plot
 from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
@@ -106,7 +107,8 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
     the reward histograms plots/reward_logged.json and plots/reward_with_hindsight.json."""
     t0 = time.time()
     role = params.roles.labeler
-    trajs = [t for path in trajectory_files for t in read_table(path, "trajectories").to_pylist()]
+    inputs = StageInputs()
+    trajs = [t for path in trajectory_files for t in inputs.read(path, "trajectories").to_pylist()]
     ids = Counter(t["trajectory_id"] for t in trajs)
     dup = next((i for i, c in ids.items() if c > 1), None)
     if dup:
@@ -145,6 +147,7 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
         write_plot(hist, out_dir / "plots" / f"{name}.json")
     won = (lambda r: r["reward"] >= 0.5) if scale == "rubric" else (lambda r: r["reward"] > -T)
     metrics = {
+        "inputs": inputs.write(out_dir),
         "labels": len(rows),
         "by_source": dict(sorted(by_source.items())),
         "status": dict(sorted(Counter(r["status"] for r in rows).items())),

@@ -17,8 +17,9 @@ from envs.twenty_questions.game import Game
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.llm_roles import chat, dialogue, parse_continuation
 from models.base import SamplingParams
-from storage.parquet import read_table, write_table
+from storage.parquet import write_table
 from storage.schema import to_table
+from storage.validate import StageInputs, row_json
 from tasks.params import Params
 from tasks.roles import account, call_parsed, check_failure_rate, generation_stats, make_generator, policy_generator, role_sampling
 from tasks.rollout import Episode, LMAgent, Simulator, derive_seed, episode_from_prefix, episode_stats, play
@@ -96,11 +97,20 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
     """Writes out_dir/trajectories.parquet (source = regeneration) and out_dir/metrics.json."""
     t0 = time.time()
     g, kb = params.regenerate, load_kb()
-    parents = {t["trajectory_id"]: t for t in read_table(trajectories, "trajectories").to_pylist()}
-    relabel_rows = [r for r in read_table(relabels, "relabels").to_pylist() if r["status"] == "ok"]  # the rest have no counterfactual
-    missing = [r["relabel_id"] for r in relabel_rows if r["trajectory_id"] not in parents]
-    if missing:
-        raise ValueError(f"{relabels}: {len(missing)} relabels name a trajectory not in {trajectories} (first: relabel {missing[0]})")
+    inputs = StageInputs()
+    parents = {t["trajectory_id"]: t for t in inputs.read(trajectories, "trajectories").to_pylist()}
+    relabel_table = inputs.read(relabels, "relabels")
+    # A relabel whose trajectory is not there (never logged, or quarantined above) has no
+    # prefix to splice into: quarantined too, naming the trajectory.
+    orphans = [i for i, t in enumerate(relabel_table.column("trajectory_id").to_pylist()) if t not in parents]
+    file_rows = inputs.file_rows(relabels, relabel_table)
+    inputs.add(str(relabels), 0, to_table([
+        {"source_file": str(relabels), "row": file_rows[i], "field": "trajectory_id", "raw": raw,
+         "reason": f"names trajectory {relabel_table['trajectory_id'][i]}, which is not in {trajectories} (or was quarantined there)"}
+        for i, raw in zip(orphans, row_json(relabel_table, orphans))
+    ], "quarantine"))
+    skip = set(orphans)
+    relabel_rows = [r for i, r in enumerate(relabel_table.to_pylist()) if r["status"] == "ok" and i not in skip]  # the rest have no counterfactual
     simulator = make_simulator(params, kb)
     episodes = splice_all(params, [(parents[r["trajectory_id"]], r) for r in relabel_rows], simulator)
     ended_at_branch = sum(ep.done for ep in episodes)
@@ -118,6 +128,7 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
     write_table(to_table(rows, "trajectories"), out_dir / "trajectories.parquet", "trajectories")
     used_parents = [parents[r["trajectory_id"]] for r in relabel_rows]
     metrics = {
+        "inputs": inputs.write(out_dir),
         "relabels": len(relabel_rows),
         "regenerations": len(rows),
         "ended_at_branch": ended_at_branch,

@@ -23,8 +23,9 @@ from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.llm_roles import chat, dialogue, parse_controller, parse_proposals, template_hash
 from envs.twenty_questions.policies import PlayerView
 from envs.twenty_questions.proposer import VERSION, OracleProposer, Proposal, same_action
-from storage.parquet import read_table, write_table
+from storage.parquet import write_table
 from storage.schema import to_table
+from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
 from tasks.rollout import derive_seed, history
@@ -41,8 +42,9 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
     r, kb, role = params.relabel, load_kb(), params.roles.proposer
     llm = role.backend != "oracle"
     proposer = OracleProposer(kb)
-    summary_of = {s["trajectory_id"]: s["summary"] for s in read_table(summaries, "summaries").to_pylist() if s["status"] == "ok"}
-    trajs = [t for t in read_table(trajectories, "trajectories").to_pylist() if t["split"] in r.splits]
+    inputs = StageInputs()
+    summary_of = {s["trajectory_id"]: s["summary"] for s in inputs.read(summaries, "summaries").to_pylist() if s["status"] == "ok"}
+    trajs = [t for t in inputs.read(trajectories, "trajectories").to_pylist() if t["split"] in r.splits]
     keys = ("trajectories_relabelled", "skipped_no_summary", "empty_window", "no_place_to_improve", "timesteps", "proposed", "dropped_equal", "dropped_duplicate")
     counts = defaultdict(int, trajectories_in=len(trajs), **dict.fromkeys(keys, 0))
     by_task: dict[str, list[dict]] = defaultdict(list)
@@ -172,7 +174,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
     rows.sort(key=lambda row: (row["trajectory_id"], row["branch_turn"] if row["branch_turn"] is not None else -1, row["rank"]))
     write_table(to_table(rows, "relabels"), out_dir / "relabels.parquet", "relabels")
     ok = sum(row["status"] == "ok" for row in rows)
-    metrics = {"mode": r.mode, "relabels": ok, "not_proposed": len(rows) - ok, **dict(sorted(counts.items())), **metrics, "seconds": round(time.time() - t0, 1)}
+    metrics = {"inputs": inputs.write(out_dir), "mode": r.mode, "relabels": ok, "not_proposed": len(rows) - ok, **dict(sorted(counts.items())), **metrics, "seconds": round(time.time() - t0, 1)}
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if "calls" in metrics:
         check_failure_rate("relabel", "proposer", role, metrics["calls"])

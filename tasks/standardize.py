@@ -19,7 +19,9 @@ from typing import Literal
 
 import polars as pl
 
-from storage.parquet import read_polars, write_table
+from storage.parquet import write_table
+from storage.schema import to_table
+from storage.validate import StageInputs, row_json
 from tasks.plots import histogram, write_plot
 
 Mode = Literal["per_context", "global", "min_max"]
@@ -97,15 +99,25 @@ def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir:
     plots/standardized_reward.json and plots/weight.json."""
     t0 = time.time()
     s = params.standardize
-    trajs = pl.concat([read_polars(p, "trajectories") for p in trajectory_files], how="vertical")
+    inputs = StageInputs()
+    frames = []
+    for path in trajectory_files:
+        kept = inputs.read(path, "trajectories")
+        frames.append(pl.from_arrow(kept).with_columns(_file=pl.lit(str(path)), _row=pl.Series(inputs.file_rows(path, kept))))
+    trajs = pl.concat(frames, how="vertical")
     rows_in = trajs.height
     trajs = trajs.filter(pl.col("split").is_in(s.splits))
-    lab = read_polars(labels, "labels").select("trajectory_id", "reward", "status")
+    lab = inputs.read_polars(labels, "labels").select("trajectory_id", "reward", "status")
     joined = trajs.join(lab, on="trajectory_id", how="left")
-    unlabelled = joined.filter(pl.col("status").is_null()).height
-    if unlabelled:
-        first = joined.filter(pl.col("status").is_null())["trajectory_id"][0]
-        raise ValueError(f"{labels}: {unlabelled} trajectories have no label row (first: {first}); rerun label")
+    # A trajectory whose label row is missing or was quarantined has no reward to standardize.
+    unlabelled = joined.filter(pl.col("status").is_null())
+    for (path,), rows in unlabelled.group_by("_file", maintain_order=True):
+        raws = row_json(rows.drop("_file", "_row", "reward", "status").to_arrow(), list(range(rows.height)))
+        inputs.add(path, 0, to_table([
+            {"source_file": path, "row": row, "field": "trajectory_id", "reason": f"no usable label row in {labels} (missing, or quarantined there)", "raw": raw}
+            for row, raw in zip(rows["_row"], raws)
+        ], "quarantine"))
+    joined = joined.filter(pl.col("status").is_not_null()).drop("_file", "_row")
     out = standardize(joined, mode=s.mode, group_by=("env", "task_id"), clip=s.clip)
     out = refit_weight(out).select(TRAINING_COLUMNS).sort("task_id", "trajectory_id")
     write_table(out.to_arrow(), out_dir / "train.parquet", "training")
@@ -115,6 +127,7 @@ def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir:
         write_plot(hist, out_dir / "plots" / f"{name}.json")
     z = out["standardized_reward"].drop_nulls()
     metrics = {
+        "inputs": inputs.write(out_dir),
         "rows_in": rows_in,
         "rows_other_splits": rows_in - trajs.height,
         "rows_out": out.height,

@@ -14,8 +14,9 @@ from pathlib import Path
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.llm_roles import chat, dialogue, parse_summary, template_hash
 from envs.twenty_questions.summarizer import VERSION, summarize_game
-from storage.parquet import read_table, write_table
+from storage.parquet import write_table
 from storage.schema import to_table
+from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
 from tasks.rollout import derive_seed, history
@@ -25,7 +26,8 @@ def run_summarize(params: Params, trajectories: Path, out_dir: Path) -> dict:
     """Reads a trajectories table; writes out_dir/summaries.parquet and out_dir/metrics.json."""
     t0 = time.time()
     kb, role = load_kb(), params.roles.summarizer
-    trajs = read_table(trajectories, "trajectories").to_pylist()
+    inputs = StageInputs()
+    trajs = inputs.read(trajectories, "trajectories").to_pylist()
     histories = [history(traj) for traj in trajs]
     metrics: dict = {}
     if role.backend == "oracle":
@@ -62,7 +64,7 @@ def run_summarize(params: Params, trajectories: Path, out_dir: Path) -> dict:
     rows.sort(key=lambda r: r["trajectory_id"])
     write_table(to_table(rows, "summaries"), out_dir / "summaries.parquet", "summaries")
     ok = sum(r["status"] == "ok" for r in rows)
-    metrics = {"trajectories": len(rows), "summaries": ok, "not_summarized": len(rows) - ok, **metrics, "seconds": round(time.time() - t0, 1)}
+    metrics = {"inputs": inputs.write(out_dir), "trajectories": len(rows), "summaries": ok, "not_summarized": len(rows) - ok, **metrics, "seconds": round(time.time() - t0, 1)}
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if "calls" in metrics:
         check_failure_rate("summarize", "summarizer", role, metrics["calls"])

@@ -1,0 +1,163 @@
+"""Crash and resume: each generation stage SIGKILLed at random points, then run to the end.
+
+The stage runs in a process of its own (tests/stage_child.py) with its LLM role on the hf
+backend (a tiny model: every request is real generation, committed to the response cache a
+chunk at a time). Each kill lands at a random point of the stage's progress. After three kills
+and a final run, the stage's outputs must be byte-identical to an uninterrupted run's, no
+finished call may be paid for twice, and no reader may ever see a partial Parquet file.
+"""
+from __future__ import annotations
+
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, tiny_params
+from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.policies import NoisyPolicy
+from storage.parquet import read_table, write_table
+from storage.schema import to_table
+from tasks.params import Params
+from tasks.relabel import run_relabel
+from tasks.rollout import ScriptedAgent, derive_seed, new_episode, play
+from tasks.summarize import run_summarize
+
+CHILD = ROOT / "tests" / "stage_child.py"
+KILLS = 3
+MAX_TURNS = 12
+OUTPUTS = {
+    "collect": ["trajectories.parquet"],
+    "summarize": ["summaries.parquet"],
+    "relabel": ["relabels.parquet"],
+    "regenerate": ["trajectories.parquet"],
+    "label": ["labels.parquet", "plots/reward_logged.json", "plots/reward_with_hindsight.json"],
+}
+# Which role of each stage is an LLM here; the others stay on the oracle.
+LLM_ROLE = {"collect": "policy", "summarize": "summarizer", "relabel": "proposer", "regenerate": "policy", "label": "labeler"}
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> Path:
+    """Scripted logged games of at most 12 turns (3 per task on 3 train tasks), with oracle
+    summaries and relabels: short prompts keep each run to seconds."""
+    out = tmp_path_factory.mktemp("inputs")
+    kb = load_kb()
+    eps = [new_episode(kb, task, "train", derive_seed("resume", task.name, k), MAX_TURNS, False) for task in kb.split("train")[:3] for k in range(3)]
+    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    write_table(to_table([e.to_row() for e in eps], "trajectories"), out / "trajectories.parquet", "trajectories")
+    oracle = Params.model_validate(tiny_params({"env": {"max_turns": MAX_TURNS}}))
+    run_summarize(oracle, out / "trajectories.parquet", out)
+    run_relabel(oracle, out / "trajectories.parquet", out / "summaries.parquet", out)
+    return out
+
+
+def stage_params(stage: str, model_dir: Path, cache: Path) -> dict:
+    role = {"backend": "hf", "model": str(model_dir), "sampling": {"max_new_tokens": 16}, "parse_attempts": 2, "max_failure_rate": 1.0, "batch_size": 4}
+    sampling = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16}
+    return tiny_params({
+        "env": {"max_turns": MAX_TURNS},
+        "cache": {"path": str(cache)},
+        "roles": {LLM_ROLE[stage]: role},
+        # batch 4: every step of a rollout is several committed chunks
+        "collect": {"splits": ["train"], "m": 2, "limit_tasks": 3, "batch_size": 4, "sampling": sampling},
+        "regenerate": {"batch_size": 4, "sampling": sampling},
+    })
+
+
+def start(stage: str, params: dict, inputs: Path, out: Path, model_dir: Path) -> subprocess.Popen:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / ".ready").unlink(missing_ok=True)
+    path = out.parent / f"{out.name}-params.json"
+    path.write_text(json.dumps(params))
+    log = open(out.parent / f"{out.name}.log", "a")
+    return subprocess.Popen([sys.executable, str(CHILD), stage, str(path), str(inputs), str(out), str(model_dir)], stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_ready(proc: subprocess.Popen, out: Path) -> float:
+    while not (out / ".ready").exists():
+        assert proc.poll() is None, f"the stage exited ({proc.returncode}) before starting; see {out.parent / (out.name + '.log')}"
+        time.sleep(0.02)
+    return time.monotonic()
+
+
+def finish(proc: subprocess.Popen, out: Path) -> None:
+    assert proc.wait(timeout=600) == 0, (out.parent / f"{out.name}.log").read_text()[-3000:]
+
+
+def backend_calls(metrics: dict) -> int:
+    """Requests that reached the backend (cache misses), wherever the stage reports them."""
+    total = 0
+    for key, value in metrics.items():
+        if key == "cache" and isinstance(value, dict) and "misses" in value:
+            total += value["misses"]
+        elif isinstance(value, dict):
+            total += backend_calls(value)
+    return total
+
+
+def cached(cache: Path) -> int:
+    if not cache.exists():
+        return 0
+    with sqlite3.connect(cache) as db:
+        if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'responses'").fetchone():
+            return 0  # killed between creating the file and its table
+        return db.execute("SELECT count(*) FROM responses").fetchone()[0]
+
+
+def visible_parquet_is_whole(out: Path) -> None:
+    for f in out.rglob("*.parquet"):
+        read_table(f)  # raises on a partial file
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", list(OUTPUTS))
+def test_a_stage_killed_at_random_points_resumes_to_identical_bytes(stage, inputs, tiny_model_dir, tmp_path):
+    # The uninterrupted run, timed from the moment the stage starts working.
+    ref_cache, ref = tmp_path / "ref-cache.sqlite", tmp_path / "ref"
+    proc = start(stage, stage_params(stage, tiny_model_dir, ref_cache), inputs, ref, tiny_model_dir)
+    t0 = wait_ready(proc, ref)
+    finish(proc, ref)
+    work = time.monotonic() - t0
+    ref_metrics = json.loads((ref / "metrics.json").read_text())
+    calls = backend_calls(ref_metrics)
+    assert calls > 0 and cached(ref_cache) > 0, "the stage made no LLM call: nothing was tested"
+
+    cache, out = tmp_path / "cache.sqlite", tmp_path / "out"
+    params = stage_params(stage, tiny_model_dir, cache)
+    rng = random.Random(f"kill-{stage}")
+    killed_at = []  # (calls committed when killed, seconds into the run)
+    for goal in sorted(rng.uniform(0.1, 0.9) * calls for _ in range(KILLS)):
+        proc = start(stage, params, inputs, out, tiny_model_dir)
+        t0 = wait_ready(proc, out)
+        # Kill once the run has committed a random share of the calls, then a little later still,
+        # so the kill lands anywhere: mid-chunk, mid-commit, while writing, or while loading.
+        while proc.poll() is None and cached(cache) < goal:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.3))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed_at.append((cached(cache), round(time.monotonic() - t0, 1)))
+        proc.wait()
+        visible_parquet_is_whole(out)
+    assert len(killed_at) >= 2, f"the runs finished before their kill points ({killed_at})"
+
+    before = cached(cache)
+    proc = start(stage, params, inputs, out, tiny_model_dir)
+    wait_ready(proc, out)
+    finish(proc, out)
+    metrics = json.loads((out / "metrics.json").read_text())
+    # No finished call is paid for twice: the final run asked the backend for exactly what the
+    # killed runs had not committed, and the cache ends as the uninterrupted run's did.
+    assert backend_calls(metrics) == calls - before, (calls, before, metrics)
+    assert cached(cache) == cached(ref_cache)
+    for name in OUTPUTS[stage]:
+        assert (out / name).read_bytes() == (ref / name).read_bytes(), f"{stage}: {name} differs after kills at {killed_at} s"
+    assert not list(out.rglob("*.tmp")), "a killed writer's temp file was left behind"
+    print(f"{stage}: {work:.1f} s of work; killed at (calls committed, s) {killed_at}; the final run made {calls - before} of {calls} calls")
