@@ -7,13 +7,16 @@ attempt is counted (an httpx hook sees each one the SDK sends), so a failed Comp
 many attempts it took and what the last one got.
 
 The API key is read from the environment variable that `api_key_env` names, handed to the SDK
-client and kept nowhere else.
+client and kept nowhere else. Servers echo the key they were sent in their errors ("Incorrect API
+key provided: sk-..."), and an error becomes a row's reason in a stage's table, so every error
+is redacted before it leaves this module.
 """
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
@@ -49,6 +52,9 @@ class OpenAIGenerator:
         `max_retries` the attempts after the first."""
         self.model = model
         self.base_url = base_url
+        if api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):
+            # Said without the value: it may be the key itself, pasted where its variable's name belongs.
+            raise ValueError("api_key_env must be the name of an environment variable (letters, digits, _), not the key itself")
         self.api_key_env = api_key_env
         self._api_key()  # a missing key is a setup error: said now, not once per request
         self.model_id = f"{model}@{urlparse(base_url).hostname if base_url else 'api.openai.com'}"
@@ -78,11 +84,13 @@ class OpenAIGenerator:
     async def _generate_all(self, conversations, sampling, seeds) -> list[Completion]:
         # A client per call: its connection pool belongs to this call's event loop.
         http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [_count_attempt]})
-        async with openai.AsyncOpenAI(api_key=self._api_key(), base_url=self.base_url, timeout=self.timeout, max_retries=self.max_retries, http_client=http) as client:
+        key = self._api_key()
+        secret = key if self.api_key_env is not None else None
+        async with openai.AsyncOpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=self.max_retries, http_client=http) as client:
             limit = asyncio.Semaphore(self.concurrency)
-            return list(await asyncio.gather(*(self._one(client, limit, c, sampling, s) for c, s in zip(conversations, seeds))))
+            return list(await asyncio.gather(*(self._one(client, limit, c, sampling, s, secret) for c, s in zip(conversations, seeds))))
 
-    async def _one(self, client: openai.AsyncOpenAI, limit: asyncio.Semaphore, conversation, sampling: SamplingParams, seed: int) -> Completion:
+    async def _one(self, client: openai.AsyncOpenAI, limit: asyncio.Semaphore, conversation, sampling: SamplingParams, seed: int, secret: str | None) -> Completion:
         async with limit:
             counter = [0]
             _attempts.set(counter)  # this task's own context: gather runs each request in a task
@@ -108,12 +116,21 @@ class OpenAIGenerator:
             except Exception as e:
                 completion = Completion("", error=f"openai: {type(e).__name__}: {e}")
             if not completion.ok:
-                completion = Completion("", error=f"{completion.error} [after {counter[0]} attempt(s)]")
+                completion = Completion("", error=f"{redact(completion.error, secret)} [after {counter[0]} attempt(s)]")
             self.stats["requests"] += 1
             self.stats["attempts"] += counter[0]
             self.stats["retries"] += max(counter[0] - 1, 0)
             self.stats["failures"] += not completion.ok
             return completion
+
+
+def redact(text: str, secret: str | None) -> str:
+    """`text` with the key taken out: whole, and any stretch of 8 or more of its characters, which
+    is what survives of it in a partly masked echo such as "sk-abc123**********wxyz"."""
+    if not secret:
+        return text
+    text = text.replace(secret, "[redacted]")
+    return re.sub(r"[A-Za-z0-9_\-]{8,}", lambda m: "[redacted]" if m.group() in secret else m.group(), text)
 
 
 def _parse(response) -> Completion:

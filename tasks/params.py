@@ -36,7 +36,8 @@ class RoleParams(Strict):
     backend: Backend
     model: str | None = None  # hf/vllm: a model directory (or hub id where a hub is reachable); openai: the served name
     base_url: str | None = None  # openai: the endpoint, e.g. http://127.0.0.1:8000/v1
-    api_key_env: str | None = None  # openai: the NAME of the environment variable holding the key, never the key
+    # openai: the NAME of the environment variable holding the key, never the key (which dvc.lock would record)
+    api_key_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # hf/vllm; auto: bfloat16 only where the hardware runs it
     sampling: RoleSampling = RoleSampling()  # every role but the policy (whose sampling is per stage)
     seed: int = 0  # mixed into every request's seed, so a role can be resampled alone

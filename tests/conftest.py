@@ -120,3 +120,24 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+# What the reliability tests did, totalled over the session and printed at its end: the figures
+# the README's "When things fail" quotes. Each test adds what it measured.
+FAULTS: dict[str, int] = {}
+
+
+@pytest.fixture
+def faults():
+    def add(**counts: int) -> None:
+        for key, n in counts.items():
+            name = key.replace("_", " ")
+            FAULTS[name] = FAULTS.get(name, 0) + n
+
+    return add
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FAULTS:
+        terminalreporter.section("reliability")
+        terminalreporter.write_line(", ".join(f"{k}: {v}" for k, v in sorted(FAULTS.items())))

@@ -11,12 +11,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks.collect import run_collect  # noqa: E402
-from tasks.label import run_label  # noqa: E402
-from tasks.params import Params  # noqa: E402
-from tasks.regenerate import run_regenerate  # noqa: E402
-from tasks.relabel import run_relabel  # noqa: E402
-from tasks.summarize import run_summarize  # noqa: E402
+from tasks.collect import run_collect
+from tasks.label import run_label
+from tasks.params import Params
+from tasks.regenerate import run_regenerate
+from tasks.relabel import run_relabel
+from tasks.summarize import run_summarize
 
 
 def main(stage: str, params_json: str, inputs: str, out: str, model: str) -> None:

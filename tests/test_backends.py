@@ -3,23 +3,20 @@ subprocess behind the OpenAI SDK, and, for the faults a hosted API can throw at 
 double on loopback."""
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import free_port
+from fault_double import running
 from models.base import Completion, SamplingParams
 from models.openai import OpenAIGenerator
 
@@ -193,106 +190,10 @@ def test_openai_backend_on_vllm_serve(vllm_server, vllm_gen):
 # --- faults: an HTTP double on loopback -------------------------------------------------------
 
 
-def _chat_body(text: str) -> bytes:
-    return json.dumps(
-        {
-            "id": "cmpl-1",
-            "object": "chat.completion",
-            "created": 0,
-            "model": "double",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-        }
-    ).encode()
-
-
-class _Double(BaseHTTPRequestHandler):
-    """Answers as the request's `model` says: a script of statuses per prompt, then a reply that
-    echoes the request's seed; or a broken answer."""
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, status: int, body: bytes, headers: dict | None = None, content_type: str = "application/json"):
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_POST(self):
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        server = self.server
-        model, prompt = request["model"], request["messages"][-1]["content"]
-        with server.lock:
-            server.hits[(model, prompt)] += 1
-            hit = server.hits[(model, prompt)]
-            server.auth.append(self.headers.get("Authorization"))
-            server.in_flight += 1
-            server.max_in_flight = max(server.max_in_flight, server.in_flight)
-        try:
-            self._answer(model, hit, request)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the client gave up (a timeout): nothing to answer
-        finally:
-            with server.lock:
-                server.in_flight -= 1
-
-    def _answer(self, model: str, hit: int, request: dict):
-        error = json.dumps({"error": {"message": f"scripted failure {hit}", "type": "server_error"}}).encode()
-        quick = {"retry-after-ms": "10"}  # the server asks for a short wait; the SDK honours it
-        if model == "429-then-ok" and hit == 1:
-            self._send(429, error, quick)
-        elif model == "500-then-ok" and hit == 1:
-            self._send(500, error)  # no Retry-After: the SDK's own backoff
-        elif model == "always-503" or request["messages"][-1]["content"] == "[fail]":
-            self._send(503, error, quick)
-        elif model == "bad-request":
-            self._send(400, error)
-        elif model == "hang":
-            time.sleep(3)
-            self._send(200, _chat_body("too late"))
-        elif model == "slow":
-            time.sleep(0.2)
-            self._send(200, _chat_body(f"seed {request['seed']}"))
-        elif model == "truncated":
-            body = _chat_body("cut")
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body[:20])  # then the connection closes short of its length
-            self.close_connection = True
-        elif model == "malformed":
-            self._send(200, b'{"id": "cmpl-1", "choices": [{"mess')
-        elif model == "empty-body":
-            self._send(200, b"")
-        elif model == "html":
-            self._send(200, b"<html>gateway</html>", content_type="text/html")
-        elif model == "no-choices":
-            self._send(200, json.dumps({"id": "cmpl-1", "object": "chat.completion", "choices": []}).encode())
-        elif model == "null-content":
-            body = json.loads(_chat_body(""))
-            body["choices"][0]["message"]["content"] = None
-            body["choices"][0]["finish_reason"] = "content_filter"
-            self._send(200, json.dumps(body).encode())
-        else:
-            self._send(200, _chat_body(f"seed {request['seed']} temperature {request['temperature']} max_tokens {request['max_tokens']}"))
-
-
 @pytest.fixture
 def double():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Double)
-    server.daemon_threads = True
-    server.lock, server.hits, server.auth = threading.Lock(), Counter(), []
-    server.in_flight = server.max_in_flight = 0
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    server.url = f"http://127.0.0.1:{server.server_address[1]}/v1"
-    yield server
-    server.shutdown()
-    server.server_close()
+    with running() as server:
+        yield server
 
 
 def _gen(double, model: str, **kw) -> OpenAIGenerator:

@@ -76,8 +76,8 @@ def start(stage: str, params: dict, inputs: Path, out: Path, model_dir: Path) ->
     (out / ".ready").unlink(missing_ok=True)
     path = out.parent / f"{out.name}-params.json"
     path.write_text(json.dumps(params))
-    log = open(out.parent / f"{out.name}.log", "a")
-    return subprocess.Popen([sys.executable, str(CHILD), stage, str(path), str(inputs), str(out), str(model_dir)], stdout=log, stderr=subprocess.STDOUT)
+    with open(out.parent / f"{out.name}.log", "a") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen([sys.executable, str(CHILD), stage, str(path), str(inputs), str(out), str(model_dir)], stdout=log, stderr=subprocess.STDOUT)
 
 
 def wait_ready(proc: subprocess.Popen, out: Path) -> float:
@@ -118,7 +118,7 @@ def visible_parquet_is_whole(out: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", list(OUTPUTS))
-def test_a_stage_killed_at_random_points_resumes_to_identical_bytes(stage, inputs, tiny_model_dir, tmp_path):
+def test_a_stage_killed_at_random_points_resumes_to_identical_bytes(stage, inputs, tiny_model_dir, tmp_path, faults):
     # The uninterrupted run, timed from the moment the stage starts working.
     ref_cache, ref = tmp_path / "ref-cache.sqlite", tmp_path / "ref"
     proc = start(stage, stage_params(stage, tiny_model_dir, ref_cache), inputs, ref, tiny_model_dir)
@@ -155,6 +155,7 @@ def test_a_stage_killed_at_random_points_resumes_to_identical_bytes(stage, input
     metrics = json.loads((out / "metrics.json").read_text())
     # No finished call is paid for twice: the final run asked the backend for exactly what the
     # killed runs had not committed, and the cache ends as the uninterrupted run's did.
+    faults(sigkills=len(killed_at), runs_resumed=1, LLM_calls_paid_twice=backend_calls(metrics) - (calls - before))
     assert backend_calls(metrics) == calls - before, (calls, before, metrics)
     assert cached(cache) == cached(ref_cache)
     for name in OUTPUTS[stage]:

@@ -60,13 +60,13 @@ def clean(tmp_path_factory, tiny_model_dir) -> Path:
     return out
 
 
-def corrupt(src: Path, dst: Path, name: str, faults: list) -> tuple[Path, Path, dict[int, str]]:
-    """dst/bad.parquet: src with rows 1, 3, ... broken by `faults` and row 0 repeated at the end;
+def corrupt(src: Path, dst: Path, name: str, broken: list) -> tuple[Path, Path, dict[int, str]]:
+    """dst/bad.parquet: src with rows 1, 3, ... broken by `broken` and row 0 repeated at the end;
     dst/good.parquet: src without those rows. Returns both and {bad row: field}."""
     rows = read_table(src, name).to_pylist()
     expected: dict[int, str] = {}
     bad = [dict(r) for r in rows]
-    for k, (_, fault, field) in enumerate(faults):
+    for k, (_, fault, field) in enumerate(broken):
         i = 1 + 2 * k
         bad[i] = fault({**rows[i], "messages": [dict(m) for m in rows[i]["messages"]]} if "messages" in rows[i] else dict(rows[i]))
         expected[i] = field
@@ -80,7 +80,7 @@ def corrupt(src: Path, dst: Path, name: str, faults: list) -> tuple[Path, Path, 
     return dst / "bad.parquet", dst / "good.parquet", expected
 
 
-def check(out_bad: Path, out_good: Path, outputs: list[str], bad_file: Path, expected: dict[int, str], metrics: dict) -> None:
+def check(out_bad: Path, out_good: Path, outputs: list[str], bad_file: Path, expected: dict[int, str], metrics: dict, faults) -> None:
     for name in outputs:
         assert (out_bad / name).read_bytes() == (out_good / name).read_bytes(), f"{name}: the bad rows changed the output"
     q = read_table(out_bad / "quarantine.parquet", "quarantine").to_pylist()
@@ -88,33 +88,34 @@ def check(out_bad: Path, out_good: Path, outputs: list[str], bad_file: Path, exp
     assert {r: v["field"] for r, v in mine.items()} == expected, mine
     assert all(v["reason"] for v in mine.values())
     counts = metrics["inputs"][str(bad_file)]
+    faults(bad_rows_injected=len(expected), rows_quarantined=counts["quarantined"], rows_lost=counts["rows_in"] - counts["kept"] - counts["quarantined"])
     assert counts["rows_in"] == counts["kept"] + counts["quarantined"] == read_table(bad_file).num_rows
     assert counts["quarantined"] == len(expected)
 
 
-def test_summarize_quarantines_bad_trajectories(clean, tmp_path):
+def test_summarize_quarantines_bad_trajectories(clean, tmp_path, faults):
     bad, good, expected = corrupt(clean / "trajectories.parquet", tmp_path, "trajectories", TRAJECTORY_FAULTS)
     m = run_summarize(PARAMS, bad, tmp_path / "a")
     run_summarize(PARAMS, good, tmp_path / "b")
-    check(tmp_path / "a", tmp_path / "b", ["summaries.parquet"], bad, expected, m)
+    check(tmp_path / "a", tmp_path / "b", ["summaries.parquet"], bad, expected, m, faults)
     assert m["trajectories"] == m["inputs"][str(bad)]["kept"]  # one summary per kept row
 
 
-def test_relabel_quarantines_bad_summaries_and_trajectories(clean, tmp_path):
+def test_relabel_quarantines_bad_summaries_and_trajectories(clean, tmp_path, faults):
     bad, good, expected = corrupt(clean / "trajectories.parquet", tmp_path, "trajectories", TRAJECTORY_FAULTS)
     sbad, sgood, sexpected = corrupt(clean / "summaries.parquet", tmp_path / "s", "summaries", [("empty summary", lambda r: {**r, "summary": " "}, "summary")])
     m = run_relabel(PARAMS, bad, sbad, tmp_path / "a")
     run_relabel(PARAMS, good, sgood, tmp_path / "b")
-    check(tmp_path / "a", tmp_path / "b", ["relabels.parquet"], bad, expected, m)
-    check(tmp_path / "a", tmp_path / "b", ["relabels.parquet"], sbad, sexpected, m)
+    check(tmp_path / "a", tmp_path / "b", ["relabels.parquet"], bad, expected, m, faults)
+    check(tmp_path / "a", tmp_path / "b", ["relabels.parquet"], sbad, sexpected, m, faults)
 
 
-def test_regenerate_quarantines_bad_relabels_and_their_orphans(clean, tmp_path, tiny_model_dir):
-    faults = [("negative turn", lambda r: {**r, "branch_turn": -1}, "branch_turn"), ("bad mode", lambda r: {**r, "mode": "sideways"}, "mode")]
-    bad, good, expected = corrupt(clean / "relabels.parquet", tmp_path, "relabels", faults)
+def test_regenerate_quarantines_bad_relabels_and_their_orphans(clean, tmp_path, tiny_model_dir, faults):
+    broken = [("negative turn", lambda r: {**r, "branch_turn": -1}, "branch_turn"), ("bad mode", lambda r: {**r, "mode": "sideways"}, "mode")]
+    bad, good, expected = corrupt(clean / "relabels.parquet", tmp_path, "relabels", broken)
     m = run_regenerate(PARAMS, clean / "trajectories.parquet", bad, tiny_model_dir, tmp_path / "a")
     run_regenerate(PARAMS, clean / "trajectories.parquet", good, tiny_model_dir, tmp_path / "b")
-    check(tmp_path / "a", tmp_path / "b", ["trajectories.parquet"], bad, expected, m)
+    check(tmp_path / "a", tmp_path / "b", ["trajectories.parquet"], bad, expected, m, faults)
     # A relabel whose trajectory was quarantined is quarantined too, naming it.
     tbad, _, _ = corrupt(clean / "trajectories.parquet", tmp_path / "t", "trajectories", TRAJECTORY_FAULTS)
     m = run_regenerate(PARAMS, tbad, clean / "relabels.parquet", tiny_model_dir, tmp_path / "c")
@@ -125,23 +126,23 @@ def test_regenerate_quarantines_bad_relabels_and_their_orphans(clean, tmp_path, 
     assert c["rows_in"] == c["kept"] + c["quarantined"] and c["quarantined"] == len(orphans)
 
 
-def test_label_quarantines_bad_trajectories(clean, tmp_path):
+def test_label_quarantines_bad_trajectories(clean, tmp_path, faults):
     bad, good, expected = corrupt(clean / "trajectories.parquet", tmp_path, "trajectories", TRAJECTORY_FAULTS)
     m = run_label(PARAMS, [bad], tmp_path / "a")
     run_label(PARAMS, [good], tmp_path / "b")
-    check(tmp_path / "a", tmp_path / "b", ["labels.parquet"], bad, expected, m)
+    check(tmp_path / "a", tmp_path / "b", ["labels.parquet"], bad, expected, m, faults)
     assert m["labels"] == m["inputs"][str(bad)]["kept"]
 
 
-def test_standardize_quarantines_bad_labels_and_the_trajectories_left_without_one(clean, tmp_path):
-    faults = [("NaN reward", lambda r: {**r, "reward": math.nan}, "reward"), ("ok without reward", lambda r: {**r, "reward": None}, "reward")]
-    bad, good, expected = corrupt(clean / "labels.parquet", tmp_path, "labels", faults)
+def test_standardize_quarantines_bad_labels_and_the_trajectories_left_without_one(clean, tmp_path, faults):
+    broken = [("NaN reward", lambda r: {**r, "reward": math.nan}, "reward"), ("ok without reward", lambda r: {**r, "reward": None}, "reward")]
+    bad, good, expected = corrupt(clean / "labels.parquet", tmp_path, "labels", broken)
     trajs = [clean / "trajectories.parquet", clean / "regen" / "trajectories.parquet"]
     m = run_standardize(PARAMS, trajs, bad, tmp_path / "a")
     run_standardize(PARAMS, trajs, good, tmp_path / "b")
-    check(tmp_path / "a", tmp_path / "b", ["train.parquet", "export/train.parquet"], bad, expected, m)
+    check(tmp_path / "a", tmp_path / "b", ["train.parquet", "export/train.parquet"], bad, expected, m, faults)
     # The trajectories whose label was quarantined are quarantined in turn, and nothing is lost.
     unlabelled = [r for r in read_table(tmp_path / "a" / "quarantine.parquet").to_pylist() if r["source_file"] in map(str, trajs)]
-    assert len(unlabelled) == len(faults) and all("no usable label" in r["reason"] for r in unlabelled)
+    assert len(unlabelled) == len(broken) and all("no usable label" in r["reason"] for r in unlabelled)
     rows_in = sum(m["inputs"][str(p)]["rows_in"] for p in trajs)
     assert rows_in == m["rows_out"] + m["rows_other_splits"] + len(unlabelled)
