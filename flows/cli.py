@@ -181,12 +181,18 @@ def stage_cmd(name: str) -> None:
     from flows.pipeline import PARENT_TASK_ENV
 
     parent = os.environ.get(PARENT_TASK_ENV)
-    if parent:
-        from flows.linking import run_as_child
+    try:
+        if parent:
+            from flows.linking import run_as_child
 
-        run_as_child(flows[name], parent)
-    else:
-        flows[name]()
+            run_as_child(flows[name], parent)
+        else:
+            flows[name]()
+    except Exception as e:
+        sft = sys.modules.get("tasks.train.sft")  # loaded if the stage trained; importing it costs seconds
+        if sft and isinstance(e, sft.TrainingDiverged):
+            _fail(str(e))  # says what happened and what to try: a traceback would bury it
+        raise
 
 
 def _revision(rev: Optional[str]):

@@ -1,4 +1,6 @@
 """Prefect flow for the train stage (dvc.yaml: `retrosight stage train`)."""
+from pathlib import Path
+
 from prefect import flow
 
 from flows.common import DATA, publish
@@ -9,6 +11,7 @@ from tasks.train import run_train
 @flow(name="train")
 def train_flow(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
-    metrics = run_train(params, DATA / "standardize" / "train.parquet", DATA / "train")
+    # Checkpoints live outside the stage's outputs, which DVC deletes before it reruns the stage.
+    metrics = run_train(params, DATA / "standardize" / "train.parquet", DATA / "train", Path(".retrosight/checkpoints/train"))
     publish("train", metrics)
     return metrics

@@ -203,9 +203,15 @@ class MethodConfig(Strict):
     push_down_floor: float | None
     deepspeed: str | None
     top_fraction: float
+    max_loss_ratio: float | None
+    checkpoint_steps: int
+    checkpoint_dir: Path | None = None  # where this method's run checkpoints; set by run_train
 
     def trainer_kwargs(self) -> dict:
-        return {**self.train.model_dump(), "deepspeed": self.deepspeed}
+        return {
+            **self.train.model_dump(), "deepspeed": self.deepspeed, "max_loss_ratio": self.max_loss_ratio,
+            "checkpoint_steps": self.checkpoint_steps, "checkpoint_dir": self.checkpoint_dir,
+        }
 
 
 class TrainStageParams(TrainParams):
@@ -214,13 +220,17 @@ class TrainStageParams(TrainParams):
     norm: Literal["sequences", "tokens"] = "sequences"  # Refit/Swift: mean over trajectories or tokens
     push_down_floor: float | None = Field(1.0e-3, gt=0, lt=1)  # Swift: negative weights stop at this probability
     deepspeed: str | None = None  # a ZeRO config, used when CUDA GPUs exist
+    # Stop when a logged loss's magnitude exceeds this multiple of the first logged loss's; null: never.
+    max_loss_ratio: float | None = Field(10.0, gt=1)
+    checkpoint_steps: int = Field(10, ge=1)  # a resumable checkpoint every N optimizer steps
 
     def config_for(self, method: MethodParams) -> MethodConfig:
         shared = TrainParams(**{k: getattr(self, k) for k in TrainParams.model_fields})
         if method.learning_rate is not None:
             shared = shared.model_copy(update={"learning_rate": method.learning_rate})
         return MethodConfig(
-            train=shared, norm=self.norm, push_down_floor=self.push_down_floor, deepspeed=self.deepspeed, top_fraction=method.top_fraction
+            train=shared, norm=self.norm, push_down_floor=self.push_down_floor, deepspeed=self.deepspeed, top_fraction=method.top_fraction,
+            max_loss_ratio=self.max_loss_ratio, checkpoint_steps=self.checkpoint_steps,
         )
 
 

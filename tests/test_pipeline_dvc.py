@@ -1,6 +1,9 @@
 """The whole DAG through `retrosight run` -> Prefect -> `dvc repro`, in a fresh repo, tiny preset;
-while it runs, a second run in the workspace refuses and a third waits."""
+while it runs, a second run in the workspace refuses and a third waits. A run killed mid-stage
+resumes to the same outputs an uninterrupted run writes."""
 import json
+import os
+import signal
 import subprocess
 import time
 
@@ -13,7 +16,7 @@ from conftest import BIN, project_env, run, tiny_params
 STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "train", "evaluate"]
 
 
-def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
+def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project, faults):
     # While it runs, it holds the workspace: a second run refuses, a third waits its turn.
     env = project_env(project.parent)
     first = subprocess.Popen([str(BIN / "retrosight"), "run"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -69,21 +72,46 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project):
     assert time.time() - t0 < 30
 
     # A relabel parameter changes: relabel and what depends on it rerun; nothing upstream does.
+    # The run is killed (SIGKILL to its whole process tree: CLI, Prefect, DVC, the stage) while
+    # regenerate works, and run again.
     before = (model / "model.safetensors").stat().st_mtime_ns
     (project / "params.yaml").write_text(yaml.safe_dump(tiny_params({"relabel": {"n": 1}}), sort_keys=False))
+    regenerated = project / "data/regenerate/trajectories.parquet"
+    killed = subprocess.Popen([str(BIN / "retrosight"), "run"], cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    while regenerated.exists() or not (project / "data/relabel/relabels.parquet").exists():  # DVC removes a stage's outputs as it starts it
+        assert killed.poll() is None and time.time() < deadline, "the run ended before regenerate started"
+        time.sleep(0.1)
+    time.sleep(2)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait()
+    for f in (project / "data").rglob("*.parquet"):
+        pq.read_metadata(f)  # whatever a reader can see is a whole file
     third = run([str(BIN / "retrosight"), "run"], project)
-    for stage in STAGES[:3]:
+    faults(sigkills=1, runs_resumed=1)
+    for stage in STAGES[:4]:  # relabel finished before the kill: DVC recorded it, so it is not redone
         assert f"{stage}: skipped" in third.stdout, third.stdout
-    for stage in STAGES[3:]:
+    for stage in STAGES[4:]:
         assert f"{stage}: ran" in third.stdout, third.stdout
     assert (model / "model.safetensors").stat().st_mtime_ns == before
+    assert json.loads(run([str(BIN / "dvc"), "status", "--json"], project).stdout) == {}
+    assert not list((project / "data").rglob("*.tmp"))
 
-    # One stage by name, forced: that stage and what follows it, nothing upstream.
+    # One stage by name, forced: that stage and what follows it, nothing upstream. Uninterrupted,
+    # it writes exactly what the killed-and-resumed run wrote.
+    resumed = outputs(project)
     fourth = run([str(BIN / "retrosight"), "run", "relabel", "--force"], project)
     for stage in STAGES[3:]:
         assert f"{stage}: ran" in fourth.stdout, fourth.stdout
     for stage in STAGES[:3]:
         assert f"{stage}:" not in fourth.stdout
+    assert outputs(project) == resumed
+
+
+def outputs(project) -> dict[str, str]:
+    """Every output's hash in dvc.lock, but the metrics (which hold timings and cache counts)."""
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    return {o["path"]: o["md5"] for stage in lock["stages"].values() for o in stage.get("outs", []) if not o["path"].endswith("metrics.json")}
 
 
 def test_bad_params_stop_the_run_with_the_key_named(project):

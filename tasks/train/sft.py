@@ -3,15 +3,22 @@
 The loss mask comes from the chat template's {% generation %} blocks. TRL has been seen to drop
 such masks silently under some settings, so `tokenize_chats` fails loudly when a conversation's
 mask is empty or does not cover exactly the assistant turns.
+
+Training faults: a NaN/inf or diverging loss stops training with `TrainingDiverged`; with a
+checkpoint directory, training checkpoints every few steps and a rerun resumes from the newest
+complete checkpoint, repeating the uninterrupted run to the byte.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import shutil
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
 
 from models.hf import native_bf16
 
@@ -20,6 +27,96 @@ IGNORE = -100
 
 class MaskError(ValueError):
     pass
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN/inf or grew past max_loss_ratio; training stopped and nothing was saved."""
+
+    def __init__(self, step: int, loss: float, why: str):
+        super().__init__(why)
+        self.step, self.loss, self.why = step, loss, why
+        self.method: str | None = None  # set by run_train, which knows the method's name
+
+    def __str__(self) -> str:
+        who = f"train {self.method}" if self.method else "training"
+        return (
+            f"{who}: {self.why}; training stopped and no model was saved for this method. "
+            "Try a lower learning_rate (train.learning_rate, or the method's own learning_rate) or a longer warmup "
+            "(train.warmup_ratio), and look for NaN/inf weights in the training table."
+        )
+
+
+class LossGuard(TrainerCallback):
+    """Raises TrainingDiverged at a logged loss that is NaN/inf, or whose magnitude exceeds
+    max_loss_ratio times the first logged loss's. Magnitude, because reward-weighted losses can be
+    negative: Swift's falls without bound once negative weights win (-651 where it began near -60).
+    Default runs stayed within 2.9x; a first loss whose weighted terms happen to cancel near 0 would
+    make the rule trip early (raise max_loss_ratio, or null to turn it off). The Trainer must log with
+    logging_nan_inf_filter off, or it replaces a NaN step's loss by the mean of the others.
+    `train_loss` (the mean over the run, logged at the end) covers the steps after the last logging
+    step."""
+
+    def __init__(self, max_loss_ratio: float | None):
+        self.max_loss_ratio = max_loss_ratio
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        for key in ("loss", "train_loss"):
+            if key in logs and not math.isfinite(logs[key]):
+                raise TrainingDiverged(state.global_step, logs[key], f"the loss is {logs[key]} at step {state.global_step}")
+        if "loss" not in logs or not self.max_loss_ratio:
+            return
+        # From the log history, which checkpoints keep: a resumed run compares with the same first loss.
+        first = next(e for e in state.log_history if "loss" in e)
+        if first["loss"] and abs(logs["loss"]) > self.max_loss_ratio * abs(first["loss"]):
+            raise TrainingDiverged(
+                state.global_step, logs["loss"],
+                f"the loss diverged to {logs['loss']:.4g} at step {state.global_step}, more than max_loss_ratio = "
+                f"{self.max_loss_ratio:g} times the first logged loss ({first['loss']:.4g} at step {first['step']}) in magnitude",
+            )
+
+
+CHECKPOINT_DONE = "complete"  # written into a checkpoint folder after everything else
+EPOCH_RNG = "epoch_rng.pt"
+
+
+def latest_checkpoint(folder: Path) -> Path | None:
+    """The newest checkpoint the Trainer finished writing (a killed run can leave a partial one)."""
+    done = [p for p in folder.glob("checkpoint-*") if (p / CHECKPOINT_DONE).exists()]
+    return max(done, key=lambda p: int(p.name.rsplit("-", 1)[1]), default=None)
+
+
+class ExactResume(TrainerCallback):
+    """Completes the HF Trainer's checkpoints so that a resumed run repeats the uninterrupted one.
+
+    The Trainer restores the RNG state after resuming mid-epoch, but the resumed epoch draws its
+    batch order (the length-grouped sampler uses the global RNG) from the RNG as it stands in the
+    new process: in the first epoch that is the same state, in later ones it is not, so it skipped
+    the wrong batches (seen: resuming at step 18 of 24, 2 epochs, gave other weights). So each
+    checkpoint keeps the RNG state at the start of its epoch, put back before the resumed epoch
+    draws its order. The Trainer's extra save at the last step is dropped: the caller saves the
+    finished model, after LossGuard has seen the last steps' loss.
+    """
+
+    def __init__(self, epoch_rng: torch.Tensor | None):
+        self.restore, self.epoch_rng = epoch_rng, None
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        if self.restore is not None:
+            torch.set_rng_state(self.restore)
+            self.restore = None
+        self.epoch_rng = torch.get_rng_state()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps and state.global_step % state.save_steps:
+            control.should_save = False
+
+    def on_save(self, args, state, control, **kwargs):
+        if not args.should_save:  # another rank of a multi-process run: the main one writes checkpoints
+            return
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        torch.save(self.epoch_rng, folder / EPOCH_RNG)
+        (folder / CHECKPOINT_DONE).touch()
 
 
 @dataclass
@@ -84,23 +181,42 @@ def train_sft(
     bf16: bool | str,
     seed: int,
     deepspeed: str | None = None,
+    max_loss_ratio: float | None = None,
+    checkpoint_dir: Path | None = None,
+    checkpoint_steps: int = 10,
     trainer_cls: type[Trainer] = Trainer,
     **trainer_kwargs,
 ) -> list[dict]:
     """Train in place with the HF Trainer (or a subclass with its own loss, such as Refit's);
-    returns the logged loss curve. `deepspeed` is a ZeRO config file, used only on GPUs."""
+    returns the logged loss curve. `deepspeed` is a ZeRO config file, used only on GPUs.
+
+    With `checkpoint_dir`, a checkpoint (weights, optimizer, scheduler, RNG, data position) is
+    written there every `checkpoint_steps` steps, rounded up to a multiple of the logging interval
+    (a resumed run then averages the same steps into each logged loss), and training resumes from
+    the newest complete one there."""
     steps = math.ceil(len(examples) / batch_size) * epochs
-    with tempfile.TemporaryDirectory() as tmp:
+    logging_steps = max(1, int(steps // 20))
+    resume = None
+    if checkpoint_dir is not None:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        resume = latest_checkpoint(checkpoint_dir)
+        for partial in checkpoint_dir.glob("checkpoint-*"):
+            if not (partial / CHECKPOINT_DONE).exists():
+                shutil.rmtree(partial)
+    with contextlib.nullcontext(checkpoint_dir) if checkpoint_dir else tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
-            output_dir=tmp,
+            output_dir=str(out),
             per_device_train_batch_size=batch_size,
             num_train_epochs=epochs,
             learning_rate=learning_rate,
             lr_scheduler_type="cosine",
             warmup_steps=int(warmup_ratio * steps),
             weight_decay=weight_decay,
-            logging_steps=max(1, int(steps // 20)),
-            save_strategy="no",
+            logging_steps=logging_steps,
+            logging_nan_inf_filter=False,  # LossGuard must see a NaN step's loss
+            save_strategy="steps" if checkpoint_dir else "no",
+            save_steps=math.ceil(checkpoint_steps / logging_steps) * logging_steps,
+            save_total_limit=2,  # the older one stands in if the newer was cut short
             report_to="none",
             seed=seed,
             data_seed=seed,
@@ -115,9 +231,10 @@ def train_sft(
             args=args,
             train_dataset=_ListDataset(examples),
             data_collator=PadCollator(tokenizer.pad_token_id),
+            callbacks=[LossGuard(max_loss_ratio)] + ([ExactResume(torch.load(resume / EPOCH_RNG) if resume else None)] if checkpoint_dir else []),
             **trainer_kwargs,
         )
-        trainer.train()
+        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
         return [e for e in trainer.state.log_history if "loss" in e]
 
 
