@@ -239,10 +239,11 @@ ROW_FAULTS = {
 
 
 @pytest.mark.parametrize("name, bad, field, reason", ROW_FAULTS.values(), ids=ROW_FAULTS.keys())
-def test_a_bad_row_is_quarantined_with_row_field_and_reason(tmp_path, name, bad, field, reason):
+def test_a_bad_row_is_quarantined_with_row_field_and_reason(tmp_path, name, bad, field, reason, faults):
     rows = rows_with(name, bad)
     path = write(tmp_path / f"{name}.parquet", name, rows)
     kept, quarantine = checked(path, name)
+    faults(bad_rows_injected=1, rows_quarantined=quarantine.num_rows, rows_lost=len(rows) - kept.num_rows - quarantine.num_rows)
     [q] = quarantine.to_pylist()
     assert (q["source_file"], q["row"], q["field"]) == (str(path), 1, field)
     assert re.search(reason, q["reason"]), q["reason"]

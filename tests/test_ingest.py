@@ -151,9 +151,10 @@ BAD_ROWS = {
 
 
 @pytest.mark.parametrize("bad, field, reason", BAD_ROWS.values(), ids=BAD_ROWS.keys())
-def test_each_bad_row_is_quarantined_with_its_field(tmp_path, bad, field, reason):
+def test_each_bad_row_is_quarantined_with_its_field(tmp_path, bad, field, reason, faults):
     path = write_jsonl(tmp_path / "logs.jsonl", [good("pear"), bad])
     trajectories, quarantine = import_trajectories(path)
+    faults(bad_rows_injected=1, rows_quarantined=quarantine.num_rows, rows_lost=2 - trajectories.num_rows - quarantine.num_rows)
     assert trajectories.num_rows == 1
     [q] = quarantine.to_pylist()
     assert (q["source_file"], q["row"], q["field"]) == (str(path), 2, field)

@@ -51,7 +51,7 @@ def train_params(model_dir: Path, methods: dict, **train) -> dict:
     return raw
 
 
-def test_a_nan_loss_stops_the_stage_naming_method_and_step_and_saves_no_model(tiny_model_dir, tmp_path):
+def test_a_nan_loss_stops_the_stage_naming_method_and_step_and_saves_no_model(tiny_model_dir, tmp_path, faults):
     table = training_table(tmp_path / "train.parquet", 8)
     # Refit's steps are so large that the weights overflow after the first: the loss turns NaN/inf.
     methods = {"sft": {"algorithm": "sft"}, "refit": {"algorithm": "refit", "learning_rate": 1.0e38}}
@@ -59,6 +59,7 @@ def test_a_nan_loss_stops_the_stage_naming_method_and_step_and_saves_no_model(ti
     with pytest.raises(TrainingDiverged) as err:
         run_train(params, table, tmp_path / "out", tmp_path / "ckpt")
     message = str(err.value)
+    faults(training_runs_stopped=1)
     assert re.match(r"train refit: the loss is (nan|inf) at step \d+;", message), message
     assert "no model was saved" in message and "lower learning_rate" in message
     assert (tmp_path / "out/models/sft/model.safetensors").exists()
@@ -77,12 +78,13 @@ def test_nan_weights_are_quarantined_before_training(tiny_model_dir, tmp_path):
     assert m["methods"]["refit"]["trained"] is False  # nothing left to train on; the base model is kept
 
 
-def test_a_diverging_loss_stops_past_max_loss_ratio(tiny_model_dir, tmp_path):
+def test_a_diverging_loss_stops_past_max_loss_ratio(tiny_model_dir, tmp_path, faults):
     table = training_table(tmp_path / "train.parquet", 8)
     raw = train_params(tiny_model_dir, {"sft": {"algorithm": "sft"}}, learning_rate=10.0, epochs=3)
     with pytest.raises(TrainingDiverged) as err:
         run_train(Params.model_validate(raw), table, tmp_path / "out")
     e = err.value
+    faults(training_runs_stopped=1)
     assert e.method == "sft"
     first = re.search(r"first logged loss \(([\d.]+) at step 1\)", str(e))
     assert first and abs(e.loss) > 10 * float(first.group(1))
@@ -157,7 +159,7 @@ class Stage:
 
 
 @pytest.mark.slow
-def test_a_killed_train_stage_resumes_and_ends_byte_identical(tiny_model_dir, tmp_path, capsys):
+def test_a_killed_train_stage_resumes_and_ends_byte_identical(tiny_model_dir, tmp_path, capsys, faults):
     # 48 trajectories, batch 2, 2 epochs: 48 steps per method, logged every 2; checkpoint_steps 5
     # becomes every 6 steps (a multiple of the logging interval), so checkpoints 6, 12, ..., 42.
     table = training_table(tmp_path / "train.parquet", 48)
@@ -185,6 +187,7 @@ def test_a_killed_train_stage_resumes_and_ends_byte_identical(tiny_model_dir, tm
         (step,) = re.findall(rf"train {method}: resuming from its checkpoint at step (\d+)", log)
         return int(step)
 
+    faults(sigkills=len(kills), runs_resumed=len(kills))
     assert kills[0][1] <= resumed_at(logs[1], "sft") < 48
     assert "train sft: finished before the run was interrupted; its model is reused" in logs[2]
     assert "train sft: sft on" not in logs[2]
