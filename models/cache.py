@@ -3,8 +3,9 @@
 Keyed by (backend, model, sampling parameters, seed, messages). It lives in one SQLite file in
 WAL mode: readers never block, concurrent writers (threads, or two stages in two processes)
 serialise on SQLite's own lock, and a killed writer leaves the last committed state. Misses are
-committed a chunk at a time, so a killed run's finished chunks are its checkpoint. Only
-successful completions are stored, so a request that failed is tried again on the next run.
+committed as they finish (an API's answer by answer, a local model's batch by batch), so what a
+killed run finished is its checkpoint. Only successful completions are stored, so a request that
+failed is tried again on the next run.
 """
 from __future__ import annotations
 
@@ -104,6 +105,9 @@ class CachedGenerator:
         todo = [i for i, c in enumerate(out) if c is None]
         self.cache_stats["hits"] += len(keys) - len(todo)
         self.cache_stats["misses"] += len(todo)
+        if todo and getattr(self.inner, "streams_results", False):
+            self._generate_streamed(conversations, sampling, seeds, keys, todo, out)
+            return out  # type: ignore[return-value]
         # Misses go to the backend a chunk at a time, each chunk committed as it finishes: a run
         # killed mid-call loses at most the chunk in flight, and its rerun pays for nothing else.
         step = self.commit_every
@@ -117,6 +121,19 @@ class CachedGenerator:
                 out[i] = c
                 self.cache_stats["failures"] += not c.ok
         return out  # type: ignore[return-value]
+
+    def _generate_streamed(self, conversations, sampling, seeds, keys, todo, out) -> None:
+        # A paid API: each answer is committed the moment it arrives, so a killed run loses none.
+        def keep(j: int, c: Completion) -> None:
+            if c.ok:
+                self.cache.put_many([(keys[todo[j]], self.backend, self.model_id, c.text)])
+
+        t0 = time.perf_counter()
+        fresh = self.inner.generate([conversations[i] for i in todo], sampling, [seeds[i] for i in todo], on_result=keep)
+        self.cache_stats["backend_seconds"] += time.perf_counter() - t0
+        for i, c in zip(todo, fresh, strict=True):
+            out[i] = c
+            self.cache_stats["failures"] += not c.ok
 
     @property
     def commit_every(self) -> int:

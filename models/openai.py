@@ -14,6 +14,7 @@ is redacted before it leaves this module.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 import contextvars
 import os
 import re
@@ -37,6 +38,7 @@ async def _count_attempt(request: httpx.Request) -> None:
 
 class OpenAIGenerator:
     backend = "openai"
+    streams_results = True  # generate() reports each answer as it arrives (on_result)
 
     def __init__(
         self,
@@ -69,10 +71,14 @@ class OpenAIGenerator:
             raise ValueError(f"environment variable {self.api_key_env} is not set: it must hold the API key for {self.base_url or 'the OpenAI API'}")
         return key
 
-    def generate(self, conversations: list[list[Message]], sampling: SamplingParams, seeds: list[int]) -> list[Completion]:
+    def generate(
+        self, conversations: list[list[Message]], sampling: SamplingParams, seeds: list[int], on_result: Callable[[int, Completion], None] | None = None
+    ) -> list[Completion]:
+        """`on_result(i, completion)` is called as each request ends, so the response cache can
+        keep an answer the moment it is paid for, whatever happens to the rest of the batch."""
         if len(seeds) != len(conversations):
             raise ValueError(f"{len(conversations)} conversations but {len(seeds)} seeds")
-        coro = self._generate_all(conversations, sampling, seeds)
+        coro = self._generate_all(conversations, sampling, seeds, on_result)
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -81,16 +87,16 @@ class OpenAIGenerator:
         with ThreadPoolExecutor(1) as pool:
             return pool.submit(asyncio.run, coro).result()
 
-    async def _generate_all(self, conversations, sampling, seeds) -> list[Completion]:
+    async def _generate_all(self, conversations, sampling, seeds, on_result) -> list[Completion]:
         # A client per call: its connection pool belongs to this call's event loop.
         http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [_count_attempt]})
         key = self._api_key()
         secret = key if self.api_key_env is not None else None
         async with openai.AsyncOpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=self.max_retries, http_client=http) as client:
             limit = asyncio.Semaphore(self.concurrency)
-            return list(await asyncio.gather(*(self._one(client, limit, c, sampling, s, secret) for c, s in zip(conversations, seeds))))
+            return list(await asyncio.gather(*(self._one(client, limit, c, sampling, s, secret, i, on_result) for i, (c, s) in enumerate(zip(conversations, seeds)))))
 
-    async def _one(self, client: openai.AsyncOpenAI, limit: asyncio.Semaphore, conversation, sampling: SamplingParams, seed: int, secret: str | None) -> Completion:
+    async def _one(self, client: openai.AsyncOpenAI, limit: asyncio.Semaphore, conversation, sampling: SamplingParams, seed: int, secret: str | None, index: int, on_result) -> Completion:
         async with limit:
             counter = [0]
             _attempts.set(counter)  # this task's own context: gather runs each request in a task
@@ -121,6 +127,8 @@ class OpenAIGenerator:
             self.stats["attempts"] += counter[0]
             self.stats["retries"] += max(counter[0] - 1, 0)
             self.stats["failures"] += not completion.ok
+            if on_result is not None:
+                on_result(index, completion)
             return completion
 
 

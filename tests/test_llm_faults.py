@@ -248,3 +248,51 @@ def test_a_writer_killed_mid_transaction_leaves_a_whole_cache(tmp_path, faults):
         db.close()
     assert len(ResponseCache(path)) == total * BATCH  # and the cache itself opens it and reads on
     faults(sigkills=3)
+
+
+# A paid API's answers are committed as they arrive: a run killed while some requests still hang
+# has kept every answer it got, and its rerun sends only the others.
+API_RUN = """
+import sys
+from models.base import SamplingParams
+from models.cache import CachedGenerator, ResponseCache
+from models.openai import OpenAIGenerator
+url, path, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+gen = CachedGenerator(OpenAIGenerator("ok", base_url=url, api_key_env=None, concurrency=n, timeout=120, max_retries=0), ResponseCache(path))
+gen.generate([[{"role": "user", "content": f"question {i}"}] for i in range(n)], SamplingParams(), list(range(n)))
+"""
+
+
+def test_an_api_run_killed_mid_batch_keeps_every_answer_it_was_paid_for(tmp_path, faults):
+    n, path = 24, tmp_path / "responses.sqlite"
+    with running(hang_seconds=120) as double:
+        double.inject(("hang",), slots=3)  # about a third of the requests never answer in time
+        proc = subprocess.Popen([sys.executable, "-c", API_RUN, double.url, str(path), str(n)], cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 60
+            # Wait until every request has reached the double and every answerable one is answered.
+            while sum(double.hits.values()) < n or len(double.replies) < n - len(double.drawn):
+                assert proc.poll() is None and time.monotonic() < deadline, "the run ended or stalled"
+                time.sleep(0.05)
+            answered = set(double.replies)
+            while len(ResponseCache(path)) < len(answered) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)  # mid-batch: the hanging requests are still open
+            proc.wait()
+        finally:
+            proc.kill()
+        assert 0 < len(answered) < n and double.drawn
+        assert len(ResponseCache(path)) == len(answered)  # every answer paid for is kept
+
+        double.heal()
+        double.reset()
+        from models.base import SamplingParams
+        from models.cache import CachedGenerator
+        from models.openai import OpenAIGenerator
+
+        gen = CachedGenerator(OpenAIGenerator("ok", base_url=double.url, api_key_env=None, concurrency=n, timeout=10, max_retries=0), ResponseCache(path))
+        out = gen.generate([[{"role": "user", "content": f"question {i}"}] for i in range(n)], SamplingParams(), list(range(n)))
+        assert all(c.ok for c in out)
+        assert sum(double.hits.values()) == n - len(answered)  # only the ones that never answered
+        assert not answered & set(double.hits)
+    faults(sigkills=1, runs_resumed=1, LLM_calls_paid_twice=len(answered & set(double.hits)))
