@@ -116,7 +116,9 @@ class StageInputs:
 
     def read(self, path: Path | str, name: str) -> pa.Table:
         kept, quarantine = read_checked(path, name)
-        self.add(str(path), kept.num_rows + quarantine.num_rows, quarantine)
+        rows_in = kept.num_rows + quarantine.num_rows
+        self.counts[str(path)] = {"rows_in": rows_in, "kept": rows_in, "quarantined": 0}
+        self.add(str(path), quarantine)
         return kept
 
     def file_rows(self, path: Path | str, kept: pa.Table) -> list[int]:
@@ -127,9 +129,10 @@ class StageInputs:
     def read_polars(self, path: Path | str, name: str) -> pl.DataFrame:
         return pl.from_arrow(self.read(path, name))
 
-    def add(self, source: str, rows_in: int, quarantine: pa.Table) -> None:
-        """Counts for rows a stage quarantined itself (rows that fail a check across tables)."""
-        entry = self.counts.setdefault(source, {"rows_in": rows_in, "kept": rows_in, "quarantined": 0})
+    def add(self, source: str, quarantine: pa.Table) -> None:
+        """Quarantines rows of an input read above, such as rows a stage finds failing a check
+        across tables (a relabel of a quarantined trajectory)."""
+        entry = self.counts[source]
         entry["kept"] -= quarantine.num_rows
         entry["quarantined"] += quarantine.num_rows
         assert entry["rows_in"] == entry["kept"] + entry["quarantined"], entry

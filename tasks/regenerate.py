@@ -104,7 +104,7 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
     # prefix to splice into: quarantined too, naming the trajectory.
     orphans = [i for i, t in enumerate(relabel_table.column("trajectory_id").to_pylist()) if t not in parents]
     file_rows = inputs.file_rows(relabels, relabel_table)
-    inputs.add(str(relabels), 0, to_table([
+    inputs.add(str(relabels), to_table([
         {"source_file": str(relabels), "row": file_rows[i], "field": "trajectory_id", "raw": raw,
          "reason": f"names trajectory {relabel_table['trajectory_id'][i]}, which is not in {trajectories} (or was quarantined there)"}
         for i, raw in zip(orphans, row_json(relabel_table, orphans))

@@ -113,7 +113,7 @@ def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir:
     unlabelled = joined.filter(pl.col("status").is_null())
     for (path,), rows in unlabelled.group_by("_file", maintain_order=True):
         raws = row_json(rows.drop("_file", "_row", "reward", "status").to_arrow(), list(range(rows.height)))
-        inputs.add(path, 0, to_table([
+        inputs.add(path, to_table([
             {"source_file": path, "row": row, "field": "trajectory_id", "reason": f"no usable label row in {labels} (missing, or quarantined there)", "raw": raw}
             for row, raw in zip(rows["_row"], raws)
         ], "quarantine"))
