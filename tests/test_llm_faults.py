@@ -235,13 +235,17 @@ def test_a_writer_killed_mid_transaction_leaves_a_whole_cache(tmp_path, faults):
     path, total = tmp_path / "responses.sqlite", 0
     for round_ in range(3):
         committed = _kill_inside_a_transaction(path, f"r{round_}")
-        total += committed
         assert path.with_name(path.name + "-wal").stat().st_size > 0  # left for the next opener to recover
         db = sqlite3.connect(path)
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         per_batch = Counter(key.rsplit("-", 1)[0] for (key,) in db.execute("SELECT key FROM responses WHERE key LIKE ?", (f"r{round_}-%",)))
-        # Whole batches only (a transaction lands whole or not at all), exactly the committed ones.
-        assert per_batch == {f"r{round_}-{b}": BATCH for b in range(committed)}
+        # Whole batches only (a transaction lands whole or not at all): every committed one, and at
+        # most the one in flight besides. Under load the probe can also find the lock held by the
+        # checkpoint that follows a COMMIT, before the writer has said "commit": that batch is whole.
+        landed = len(per_batch)
+        assert committed <= landed <= committed + 1, (committed, landed)
+        assert per_batch == {f"r{round_}-{b}": BATCH for b in range(landed)}
+        total += landed
         for (text,) in db.execute("SELECT text FROM responses"):
             body, digest = text.rsplit("|", 1)
             assert len(body) == BODY // 64 * 64 and hashlib.sha256(body.encode()).hexdigest() == digest
