@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS responses (
     created REAL NOT NULL
 )
 """
-COMMIT_EVERY = 256  # requests per committed chunk for backends with no batch size of their own
+COMMIT_EVERY = 256  # requests per committed chunk on a backend that cannot stream its answers
 
 
 def request_key(backend: str, model: str, sampling: SamplingParams, seed: int, messages: list[Message]) -> str:
@@ -108,11 +108,11 @@ class CachedGenerator:
         if todo and getattr(self.inner, "streams_results", False):
             self._generate_streamed(conversations, sampling, seeds, keys, todo, out)
             return out  # type: ignore[return-value]
-        # Misses go to the backend a chunk at a time, each chunk committed as it finishes: a run
-        # killed mid-call loses at most the chunk in flight, and its rerun pays for nothing else.
-        step = self.commit_every
-        for start in range(0, len(todo), step):
-            chunk = todo[start : start + step]
+        # A backend that cannot report answers as they finish (vLLM's offline engine) gets the
+        # misses a chunk at a time, each committed as it returns: a run killed mid-call loses at
+        # most the chunk in flight.
+        for start in range(0, len(todo), COMMIT_EVERY):
+            chunk = todo[start : start + COMMIT_EVERY]
             t0 = time.perf_counter()
             fresh = self.inner.generate([conversations[i] for i in chunk], sampling, [seeds[i] for i in chunk])
             self.cache_stats["backend_seconds"] += time.perf_counter() - t0
@@ -123,7 +123,8 @@ class CachedGenerator:
         return out  # type: ignore[return-value]
 
     def _generate_streamed(self, conversations, sampling, seeds, keys, todo, out) -> None:
-        # A paid API: each answer is committed the moment it arrives, so a killed run loses none.
+        # Each answer is committed the moment the backend has it (an API's one by one, hf's a
+        # batch at a time), so a killed run loses none. One call keeps the backend's own batching.
         def keep(j: int, c: Completion) -> None:
             if c.ok:
                 self.cache.put_many([(keys[todo[j]], self.backend, self.model_id, c.text)])
@@ -134,12 +135,6 @@ class CachedGenerator:
         for i, c in zip(todo, fresh, strict=True):
             out[i] = c
             self.cache_stats["failures"] += not c.ok
-
-    @property
-    def commit_every(self) -> int:
-        # hf generates batch_size rows at a time anyway; a served model (vLLM, an API) gets
-        # enough at once to keep its own batching or concurrency full.
-        return getattr(self.inner, "batch_size", None) or COMMIT_EVERY
 
     def __getattr__(self, name: str):
         return getattr(self.inner, name)  # backend extras (hf's prompt-token stats) stay reachable

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,6 +81,7 @@ def sample(logits: torch.Tensor, sampling: SamplingParams, rngs: list[random.Ran
 
 
 class HFGenerator:
+    streams_results = True  # generate() reports each batch's rows as the batch finishes (on_result)
     backend = "hf"
 
     def __init__(self, path: str | Path, batch_size: int = 64, dtype: str = "float32", reuse_prefix: bool = True):
@@ -107,7 +109,11 @@ class HFGenerator:
         return key if key in self._kept and tuple(ids[: len(key)]) == key else None
 
     @torch.inference_mode()
-    def generate(self, conversations: list[list[Message]], sampling: SamplingParams, seeds: list[int]) -> list[Completion]:
+    def generate(
+        self, conversations: list[list[Message]], sampling: SamplingParams, seeds: list[int], on_result: Callable[[int, Completion], None] | None = None
+    ) -> list[Completion]:
+        """`on_result(i, completion)` is called for each row as its batch finishes, so the response
+        cache keeps a finished batch whatever happens to the next."""
         if len(seeds) != len(conversations):
             raise ValueError(f"{len(conversations)} conversations but {len(seeds)} seeds")
         items = []
@@ -133,6 +139,8 @@ class HFGenerator:
             for i, text, (tokens, state) in zip(idx, texts, states):
                 out[i] = text
                 kept[tokens] = state
+                if on_result is not None:
+                    on_result(i, Completion(text))
         self._kept = kept if self.reuse_prefix else {}
         return [Completion(text) for text in out]
 
