@@ -21,7 +21,7 @@ run: $(STAMP)
 	$(BIN)/retrosight run
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # Refresh the pinned set after changing dependencies in pyproject.toml.
 lock: $(STAMP)
