@@ -7,10 +7,12 @@ writer killed mid-write leaves only its temp file, which the next write of that 
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import secrets
 from pathlib import Path
+from typing import Self
 
 import polars as pl
 import pyarrow as pa
@@ -22,7 +24,7 @@ META_NAME = b"retrosight.schema"
 META_VERSION = b"retrosight.schema_version"
 ROW_GROUP_SIZE = 10_000  # fixed: a row group boundary shifting would change the bytes
 # Pinned rather than left to pyarrow's defaults, which may change between releases.
-WRITE_OPTIONS = dict(compression="zstd", compression_level=3, version="2.6", data_page_version="1.0")
+WRITE_OPTIONS = {"compression": "zstd", "compression_level": 3, "version": "2.6", "data_page_version": "1.0"}
 
 
 class SchemaVersionError(ValueError):
@@ -46,6 +48,75 @@ def write_table(table: pa.Table, path: Path | str, name: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+class TableWriter:
+    """write_table for a table too big to hold: pieces go in with write(), in order, and the
+    file appears at `path` on close(). Each piece is conformed like write_table's table and
+    row groups are cut at every ROW_GROUP_SIZE rows whatever the pieces' sizes, so the bytes
+    equal write_table's of the pieces concatenated. Used as a context manager, an exception
+    leaves no file behind (nor the temp file)."""
+
+    def __init__(self, path: Path | str, name: str) -> None:
+        self.path = Path(path)
+        self.ts = get_schema(name)
+        self.rows = 0
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_temps(self.path)
+        self.tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        self._file = open(self.tmp, "xb")  # noqa: SIM115 - open until close() or abort()
+        self._pending: list[pa.Table] = []
+        self._pending_rows = 0
+        self._writer: pq.ParquetWriter | None = None
+
+    def write(self, table: pa.Table) -> None:
+        table = conform(table, self.ts, where=str(self.path))
+        self._pending.append(table)
+        self._pending_rows += table.num_rows
+        self.rows += table.num_rows
+        if self._pending_rows >= ROW_GROUP_SIZE:
+            self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        buffered = pa.concat_tables(self._pending) if self._pending else conform(self.ts.schema.empty_table(), self.ts)
+        whole = buffered.num_rows if final else buffered.num_rows - buffered.num_rows % ROW_GROUP_SIZE
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._file, buffered.schema, **WRITE_OPTIONS)
+        if whole or (final and self.rows == 0):  # an empty table: what write_table writes for one
+            self._writer.write_table(buffered.slice(0, whole), row_group_size=ROW_GROUP_SIZE)
+        rest = buffered.slice(whole)
+        self._pending, self._pending_rows = ([rest] if rest.num_rows else []), rest.num_rows
+
+    def close(self) -> None:
+        """Writes what is left and puts the file in place."""
+        try:
+            self._flush(final=True)
+            self._writer.close()
+            self._file.flush()
+            os.fsync(self._file.fileno())  # the rename must not land before the data does
+            self._file.close()
+            os.replace(self.tmp, self.path)
+        except BaseException:
+            self.abort()
+            raise
+
+    def abort(self) -> None:
+        """Drops what was written; no file appears."""
+        if self._writer is not None and self._writer.is_open and not self._file.closed:
+            with contextlib.suppress(OSError, pa.ArrowException):
+                self._writer.close()  # else its finalizer would write to a closed file
+        if not self._file.closed:
+            self._file.close()
+        self.tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind, value, traceback) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
 
 
 def remove_stale_temps(path: Path) -> list[Path]:

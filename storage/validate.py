@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,6 +107,112 @@ def check_rows(table: pa.Table, name: str, source_file: str) -> tuple[pa.Table, 
     return table.filter(pa.array(keep)), to_table(quarantine, "quarantine")
 
 
+def scan_checked(
+    path: Path | str, name: str, columns: list[str], each_batch: Callable[[int, pa.RecordBatch, np.ndarray], None] | None = None
+) -> tuple[pa.Table, np.ndarray, pa.Table, float]:
+    """read_checked for a file too big to hold: (the kept rows' `columns`, their row numbers in
+    the file, the quarantine table, seconds spent in the checks).
+
+    The file is read and checked BATCH_ROWS rows at a time and only `columns` of the kept rows
+    are held, so memory follows those columns, not the file. Kept rows, quarantine rows and
+    errors are read_checked's: duplicates are found once every batch is checked, and the raw
+    JSON of a duplicate is read back from the file. each_batch(first row, batch, rows the
+    checks kept) sees every whole batch on the way, for what else a caller needs of it.
+    """
+    ts = get_schema(name)
+    rules = RULES.get(name, Rules())
+    source_file = str(path)
+    file = _open_checked(path, name, ts)
+    problems: dict[int, tuple[str, str]] = {}
+    raws: dict[int, str] = {}
+    kept: list[pa.RecordBatch] = []
+    kept_rows: list[np.ndarray] = []
+    keys: list[pa.Array] = []
+    checking = 0.0
+    start = 0
+    for batch in _read_batches(file, path, columns=None):
+        t = time.perf_counter()
+        found: dict[int, tuple[str, str]] = {}
+        for row, where, reason in _batch_problems(batch, rules):
+            found.setdefault(row, (where, reason))
+        bad = sorted(found)
+        keep = np.ones(batch.num_rows, dtype=bool)
+        keep[bad] = False
+        for row, raw in zip(bad, row_json(pa.Table.from_batches([batch]), bad)):
+            problems[start + row], raws[start + row] = found[row], raw
+        mask = pa.array(keep)
+        kept.append(batch.select(columns).filter(mask))
+        kept_rows.append(start + np.flatnonzero(keep))
+        if rules.key:
+            keys.append(batch.column(rules.key).filter(mask))
+        checking += time.perf_counter() - t
+        if each_batch is not None:
+            each_batch(start, batch, keep)
+        start += batch.num_rows
+    table = pa.Table.from_batches(kept, schema=pa.schema([ts.schema.field(c) for c in columns]))
+    rows = np.concatenate(kept_rows) if kept_rows else np.zeros(0, dtype=np.int64)
+    if rules.key:
+        t = time.perf_counter()
+        key = pa.chunked_array(keys, type=ts.schema.field(rules.key).type)
+        duplicates = {row: (where, reason) for row, where, reason in _later_duplicates(key, rows, rules.key)}
+        if duplicates:
+            problems.update(duplicates)
+            raws.update(zip(duplicates, row_json(read_rows(path, sorted(duplicates)), list(range(len(duplicates))))))
+            keep = ~np.isin(rows, np.fromiter(duplicates, dtype=np.int64))
+            table, rows = table.filter(pa.array(keep)), rows[keep]
+        checking += time.perf_counter() - t
+    quarantine = [
+        {"source_file": source_file, "row": row, "field": problems[row][0], "reason": problems[row][1], "raw": raws[row]}
+        for row in sorted(problems)
+    ]
+    return table, rows, to_table(quarantine, "quarantine"), checking
+
+
+def read_rows(path: Path | str, rows: list[int] | np.ndarray) -> pa.Table:
+    """Rows `rows` (ascending row numbers) of a Parquet file, reading only the row groups
+    that hold them."""
+    file = pq.ParquetFile(path)
+    rows = np.asarray(rows, dtype=np.int64)
+    ends = np.cumsum([file.metadata.row_group(i).num_rows for i in range(file.num_row_groups)])
+    group = np.searchsorted(ends, rows, side="right")
+    parts = [
+        file.read_row_group(int(g)).take(pa.array(rows[group == g] - (ends[g - 1] if g else 0)))
+        for g in np.unique(group)
+    ]
+    return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table()
+
+
+def _open_checked(path: Path | str, name: str, ts: TableSchema) -> pq.ParquetFile:
+    """The file open for reading, after read_table's and read_checked's checks of it."""
+    try:
+        metadata = pq.read_schema(path).metadata
+        file = pq.ParquetFile(path)
+    except (pa.ArrowInvalid, OSError) as e:
+        raise ValueError(f"{path}: not a readable Parquet file: {e}") from None
+    try:
+        found = schema_of(path, metadata)
+        if found.name != name:
+            raise SchemaVersionError(f"{path}: expected a {name!r} table, found {found.name!r}")
+        if not file.schema_arrow.equals(ts.schema):
+            raise SchemaVersionError(f"{path}: columns differ from {ts.name!r} schema version {ts.version}")
+    except SchemaVersionError as e:
+        detail = _file_difference(path, name)
+        raise SchemaVersionError(f"{e}: {detail}" if detail else str(e)) from None
+    return file
+
+
+def _read_batches(file: pq.ParquetFile, path: Path | str, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
+    batches = file.iter_batches(batch_size=BATCH_ROWS, columns=columns)
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:  # a readable footer over corrupt pages
+            raise ValueError(f"{path}: not a readable Parquet file: {e}") from None
+        yield batch
+
+
 class StageInputs:
     """A stage's input tables, each row-checked as it is read. What was quarantined goes to the
     stage's one quarantine table; the counts say, per file, rows in = kept + quarantined."""
@@ -113,6 +220,7 @@ class StageInputs:
     def __init__(self) -> None:
         self.quarantined: list[pa.Table] = []
         self.counts: dict[str, dict[str, int]] = {}
+        self.check_seconds = 0.0
 
     def read(self, path: Path | str, name: str) -> pa.Table:
         kept, quarantine = read_checked(path, name)
@@ -120,6 +228,18 @@ class StageInputs:
         self.counts[str(path)] = {"rows_in": rows_in, "kept": rows_in, "quarantined": 0}
         self.add(str(path), quarantine)
         return kept
+
+    def read_columns(
+        self, path: Path | str, name: str, columns: list[str], each_batch: Callable[[int, pa.RecordBatch, np.ndarray], None] | None = None
+    ) -> tuple[pa.Table, np.ndarray]:
+        """read() for a file too big to hold (see scan_checked): the kept rows' `columns` and
+        their row numbers in the file. check_seconds adds up the time spent in row checks."""
+        kept, rows, quarantine, seconds = scan_checked(path, name, columns, each_batch)
+        self.check_seconds += seconds
+        rows_in = kept.num_rows + quarantine.num_rows
+        self.counts[str(path)] = {"rows_in": rows_in, "kept": rows_in, "quarantined": 0}
+        self.add(str(path), quarantine)
+        return kept, rows
 
     def file_rows(self, path: Path | str, kept: pa.Table) -> list[int]:
         """The row numbers in the file of `kept`, the rows read() returned from `path`."""
@@ -425,7 +545,12 @@ def _non_finite(nodes: dict[str, _Node]) -> Iterator[Problem]:
 def _duplicates(table: pa.Table, key: str, keep: np.ndarray) -> Iterator[Problem]:
     """Each kept row whose key an earlier kept row has, naming that row."""
     rows = np.flatnonzero(keep)
-    later = pl.DataFrame({"key": pl.from_arrow(table.column(key).take(pa.array(rows))), "row": rows})
+    yield from _later_duplicates(table.column(key).take(pa.array(rows)), rows, key)
+
+
+def _later_duplicates(values: pa.ChunkedArray | pa.Array, rows: np.ndarray, key: str) -> Iterator[Problem]:
+    """_duplicates over the kept rows' key `values`, `rows` their row numbers (ascending)."""
+    later = pl.DataFrame({"key": pl.from_arrow(values), "row": rows})
     later = later.with_columns(first=pl.col("row").first().over("key")).filter(pl.col("row") != pl.col("first"))
     for value, row, first in later.iter_rows():
         yield row, key, f"duplicate of row {first} (same {key} {value!r})"
@@ -481,7 +606,22 @@ def _np(values: pa.Array | pa.ChunkedArray, fill=None) -> np.ndarray:
 
 def _blank(values: pa.Array) -> np.ndarray:
     """True where a string is null or only whitespace."""
-    return _np(pc.equal(pc.binary_length(pc.utf8_trim_whitespace(values)), 0), fill=True)
+    # Trimming copies every string, so only strings that may be blank are trimmed: empty, null,
+    # or starting with a byte that can begin whitespace (ASCII space or control, or a multi-byte
+    # character). Any other first byte is a printable ASCII character: not blank.
+    n = len(values)
+    large = pa.types.is_large_string(values.type)
+    offsets = np.frombuffer(values.buffers()[1], dtype=np.int64 if large else np.int32, count=n + 1, offset=values.offset * (8 if large else 4))
+    data = np.frombuffer(values.buffers()[2] or b"", dtype=np.uint8)
+    lengths = np.diff(offsets)
+    first = np.zeros(n, dtype=np.uint8)
+    first[lengths > 0] = data[offsets[:-1][lengths > 0]]
+    maybe = np.flatnonzero((lengths == 0) | (first <= 0x20) | (first >= 0x80) | ~_np(values.is_valid()))
+    blank = np.zeros(n, dtype=bool)
+    if len(maybe):
+        some = values.take(pa.array(maybe))
+        blank[maybe] = _np(pc.equal(pc.binary_length(pc.utf8_trim_whitespace(some)), 0), fill=True)
+    return blank
 
 
 def _is_string(typ: pa.DataType) -> bool:

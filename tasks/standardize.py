@@ -13,15 +13,23 @@ out of every statistic. Also global z-scores and min-max scaling, and optional c
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.ipc
+import pyarrow.parquet as pq
 
-from storage.parquet import write_table
-from storage.schema import to_table
-from storage.validate import StageInputs, row_json
+from storage.parquet import TableWriter
+from storage.schema import get_schema, to_table
+from storage.validate import BATCH_ROWS, StageInputs, read_rows, row_json
 from tasks.plots import histogram, write_plot
 
 Mode = Literal["per_context", "global", "min_max"]
@@ -93,36 +101,60 @@ def weight_histograms(df: pl.DataFrame) -> dict[str, list[dict]]:
     }
 
 
-def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir: Path) -> dict:
+# What the join, the statistics and the sort need of a trajectory: everything in the training
+# table but messages, which is read again (alone) for the rows that are written.
+KEY_COLUMNS = ["trajectory_id", "env", "task_id", "split", "source", "parent_id", "relabel_id"]
+EXPORT_COLUMNS = ["messages", "reward", "standardized_reward", "weight", "trajectory_id", "task_id", "source"]
+# Output rows whose messages are put in order in memory at a time; past one such block they
+# are first spilled to disk, one file per block, so memory follows this, not the table.
+SORT_BLOCK_ROWS = 50_000
+WRITE_ROWS = 20_000  # rows turned into one Arrow table for the writers at a time
+
+
+def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir: Path, phases: dict | None = None) -> dict:
     """Joins trajectories with their labels; writes train.parquet (the training table),
     export/train.parquet (for datasets / TRL), metrics.json and the histograms
-    plots/standardized_reward.json and plots/weight.json."""
+    plots/standardized_reward.json and plots/weight.json.
+
+    Streams, so memory follows SORT_BLOCK_ROWS and the small columns, not the tables: inputs
+    are row-checked a batch at a time, keeping only the columns the join and the statistics
+    need; messages are read again for the rows written, put in training-table order
+    SORT_BLOCK_ROWS at a time (spilled to a temporary directory past one block) and written
+    WRITE_ROWS at a time. The files are byte for byte what one write of the whole table gives.
+    `phases`, when given, gets the seconds of each phase (read_check, of which check; join;
+    standardize; export)."""
     t0 = time.time()
+    clock = _Phases(phases)
     s = params.standardize
     inputs = StageInputs()
     frames = []
+    unlabelled_raw: dict[str, dict[int, str]] = {}
+    label_ids = _label_ids(labels)
     for path in trajectory_files:
-        kept = inputs.read(path, "trajectories")
-        frames.append(pl.from_arrow(kept).with_columns(_file=pl.lit(str(path)), _row=pl.Series(inputs.file_rows(path, kept))))
+        hook = _RawsOfUnlabelled(label_ids, s.splits, unlabelled_raw.setdefault(str(path), {}))
+        kept, rows = inputs.read_columns(path, "trajectories", KEY_COLUMNS, hook)
+        frames.append(pl.from_arrow(kept).with_columns(_file=pl.lit(str(path)), _row=pl.Series(rows, dtype=pl.Int64)))
     trajs = pl.concat(frames, how="vertical")
     rows_in = trajs.height
     trajs = trajs.filter(pl.col("split").is_in(s.splits))
-    lab = inputs.read_polars(labels, "labels").select("trajectory_id", "reward", "status")
-    joined = trajs.join(lab, on="trajectory_id", how="left")
+    lab = pl.from_arrow(inputs.read_columns(labels, "labels", ["trajectory_id", "reward", "status"])[0])
+    clock.lap("read_check", check=inputs.check_seconds)
+    joined = trajs.join(lab, on="trajectory_id", how="left", maintain_order="left")
     # A trajectory whose label row is missing or was quarantined has no reward to standardize.
     unlabelled = joined.filter(pl.col("status").is_null())
     for (path,), rows in unlabelled.group_by("_file", maintain_order=True):
-        raws = row_json(rows.drop("_file", "_row", "reward", "status").to_arrow(), list(range(rows.height)))
+        raws = _raws(path, rows["_row"].to_list(), unlabelled_raw[path])
         inputs.add(path, to_table([
             {"source_file": path, "row": row, "field": "trajectory_id", "reason": f"no usable label row in {labels} (missing, or quarantined there)", "raw": raw}
             for row, raw in zip(rows["_row"], raws)
         ], "quarantine"))
-    joined = joined.filter(pl.col("status").is_not_null()).drop("_file", "_row")
+    joined = joined.filter(pl.col("status").is_not_null())
+    clock.lap("join")
     out = standardize(joined, mode=s.mode, group_by=("env", "task_id"), clip=s.clip)
-    out = refit_weight(out).select(TRAINING_COLUMNS).sort("task_id", "trajectory_id")
-    write_table(out.to_arrow(), out_dir / "train.parquet", "training")
-    export = out.select("messages", "reward", "standardized_reward", "weight", "trajectory_id", "task_id", "source")
-    write_table(export.to_arrow(), out_dir / "export" / "train.parquet", "export")
+    columns = [c for c in TRAINING_COLUMNS if c != "messages"]
+    out = refit_weight(out).select(*columns, "_file", "_row").sort("task_id", "trajectory_id")
+    clock.lap("standardize")
+    _write_tables(out, [str(p) for p in trajectory_files], out_dir)
     for name, hist in weight_histograms(out).items():
         write_plot(hist, out_dir / "plots" / f"{name}.json")
     z = out["standardized_reward"].drop_nulls()
@@ -141,4 +173,147 @@ def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir:
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    clock.lap("export")
     return metrics
+
+
+def _label_ids(labels: Path) -> set[str]:
+    """The trajectory IDs the labels file names, unchecked (the checks come later, in the
+    stage's order); empty when it cannot be read, which its checked read will then report."""
+    try:
+        return set(pq.read_table(labels, columns=["trajectory_id"]).column(0).to_pylist())
+    except (pa.ArrowException, OSError, KeyError):
+        return set()
+
+
+class _RawsOfUnlabelled:
+    """While the trajectories are checked: the raw JSON (for the quarantine) of each kept row of
+    the splits taken that no label row names, so it need not be read again."""
+
+    def __init__(self, label_ids: set[str], splits: list[str], into: dict[int, str]) -> None:
+        self.label_ids, self.splits, self.into = label_ids, pa.array(splits, pa.string()), into
+
+    def __call__(self, start: int, batch: pa.RecordBatch, keep: np.ndarray) -> None:
+        taken = keep & pc.is_in(batch.column("split"), value_set=self.splits).to_numpy(zero_copy_only=False)
+        ids = batch.column("trajectory_id").to_pylist()
+        rows = [r for r in np.flatnonzero(taken).tolist() if ids[r] not in self.label_ids]
+        if rows:
+            self.into.update(zip((start + r for r in rows), row_json(pa.Table.from_batches([batch]), rows)))
+
+
+def _raws(path: str, rows: list[int], known: dict[int, str]) -> list[str]:
+    """The raw JSON of rows of a trajectory file: as remembered, or read again (a trajectory
+    whose label row exists but was quarantined)."""
+    missing = [r for r in rows if r not in known]
+    if missing:
+        known = {**known, **dict(zip(missing, row_json(read_rows(path, missing), list(range(len(missing))))))}
+    return [known[r] for r in rows]
+
+
+class _Phases:
+    def __init__(self, into: dict | None) -> None:
+        self.into = into if into is not None else {}
+        self.t = time.perf_counter()
+
+    def lap(self, name: str, **parts: float) -> None:
+        now = time.perf_counter()
+        self.into[name] = now - self.t
+        self.into.update(parts)
+        self.t = now
+
+
+def _write_tables(out: pl.DataFrame, files: list[str], out_dir: Path) -> None:
+    """train.parquet and export/train.parquet: `out` (in order, without messages; _file and
+    _row name each row's trajectory) with the messages of those trajectories. The export is
+    written in a second thread, beside the training table."""
+    with TableWriter(out_dir / "train.parquet", "training") as train, TableWriter(out_dir / "export" / "train.parquet", "export") as export, \
+            ThreadPoolExecutor(1) as pool:
+        pending = None
+        for start, messages in _messages_in_order(out, files):
+            for i in range(0, len(messages), WRITE_ROWS):
+                part = messages.slice(i, WRITE_ROWS)
+                block = out.slice(start + i, len(part)).drop("_file", "_row").to_arrow().append_column("messages", part)
+                train.write(block.select(TRAINING_COLUMNS))
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(export.write, block.select(EXPORT_COLUMNS))
+        if pending is not None:
+            pending.result()
+
+
+def _messages_in_order(out: pl.DataFrame, files: list[str]) -> Iterator[tuple[int, pa.Array]]:
+    """(first row, messages) of `out`'s rows, block by block in `out`'s order: each file's
+    messages are read once, in file order, and sent to the block of their output row."""
+    n = out.height
+    blocks = max(1, -(-n // SORT_BLOCK_ROWS))
+    where = {path: np.full(pq.ParquetFile(path).metadata.num_rows, -1, dtype=np.int64) for path in dict.fromkeys(files)}
+    for (path,), rows in out.with_row_index("_at").group_by("_file"):
+        where[path][rows["_row"].to_numpy()] = rows["_at"].to_numpy()
+    with tempfile.TemporaryDirectory(prefix="retrosight-standardize-") as spill:
+        sinks = [_Block(Path(spill) / f"{b}.arrow", spilled=blocks > 1) for b in range(blocks)]
+        for path, at in where.items():
+            start = 0
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=["messages"]):
+                pos = at[start : start + batch.num_rows]
+                start += batch.num_rows
+                taken = np.flatnonzero(pos >= 0)
+                block = pos[taken] // SORT_BLOCK_ROWS
+                for b in np.unique(block):
+                    rows = taken[block == b]
+                    sinks[b].add(pos[rows], batch.column(0) if len(rows) == batch.num_rows else _take_lists(batch.column(0), rows))
+        for b, sink in enumerate(sinks):
+            pos, messages = sink.read()
+            order = np.argsort(pos)
+            first = b * SORT_BLOCK_ROWS
+            expected = np.arange(first, min(first + SORT_BLOCK_ROWS, n))
+            if not np.array_equal(pos[order], expected):
+                raise RuntimeError(f"standardize: block {b} holds {len(pos)} rows, expected rows {first}..{expected[-1] if len(expected) else first}")
+            ordered = _take_lists(messages, order)
+            del messages  # a block's messages are held once, in order, while they are written
+            if len(order):
+                yield first, ordered
+
+
+def _take_lists(lists: pa.Array, rows: np.ndarray) -> pa.Array:
+    """lists.take(rows) for a list of structs, as takes of the structs' flat fields, which is
+    several times faster than pyarrow's take of nested lists."""
+    if lists.null_count or lists.values.null_count:
+        return lists.take(pa.array(rows))
+    offsets = np.frombuffer(lists.buffers()[1], dtype=np.int32, count=len(lists) + 1, offset=lists.offset * 4)
+    starts, lengths = offsets[:-1][rows], np.diff(offsets)[rows]
+    new = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=new[1:])
+    child = pa.array(np.repeat(starts - new[:-1], lengths) + np.arange(new[-1], dtype=np.int32))
+    values = lists.values
+    struct = pa.StructArray.from_arrays([values.field(i).take(child) for i in range(values.type.num_fields)], fields=list(values.type))
+    return pa.ListArray.from_arrays(pa.array(new), struct, type=lists.type)
+
+
+class _Block:
+    """The messages of one block of output rows, with their output row numbers; in memory, or
+    in an Arrow IPC file (lz4) while the others are being filled."""
+
+    def __init__(self, path: Path, spilled: bool) -> None:
+        self.path, self.spilled = path, spilled
+        self.positions: list[np.ndarray] = []
+        self.parts: list[pa.Array] = []
+        self.writer = None
+
+    def add(self, pos: np.ndarray, messages: pa.Array) -> None:
+        self.positions.append(pos)
+        if not self.spilled:
+            self.parts.append(messages)
+            return
+        batch = pa.record_batch([messages], names=["messages"])
+        if self.writer is None:
+            self.writer = pa.ipc.new_file(str(self.path), batch.schema, options=pa.ipc.IpcWriteOptions(compression="lz4"))
+        self.writer.write_batch(batch)
+
+    def read(self) -> tuple[np.ndarray, pa.Array]:
+        pos = np.concatenate(self.positions) if self.positions else np.zeros(0, dtype=np.int64)
+        if self.writer is not None:
+            self.writer.close()
+            self.parts = pa.ipc.open_file(str(self.path)).read_all().column(0).chunks
+        messages = pa.concat_arrays(self.parts) if self.parts else pa.array([], get_schema("training").schema.field("messages").type)
+        self.parts = []
+        return pos, messages

@@ -1,9 +1,20 @@
-"""Standardization on hand-computed examples, std = 0 and m = 1 included."""
+"""Standardization on hand-computed examples, std = 0 and m = 1 included; the stage streaming
+its inputs writes what it writes in one piece."""
+import importlib.util
 import math
+from pathlib import Path
 
+import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import pytest
 
+import tasks.standardize as stage
+from storage import validate
+from storage.parquet import TableWriter, write_table
+from tasks.params import load_params
 from tasks.standardize import counts, standardize
 
 
@@ -68,3 +79,96 @@ def test_bad_arguments_are_named():
         standardize(frame({"a": [1.0]}), reward="score")
     with pytest.raises(ValueError, match="clip must be > 0"):
         standardize(frame({"a": [1.0]}), clip=0)
+
+
+# --- the stage streaming its inputs --------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("data_scale", ROOT / "bench" / "data_scale.py")
+data_scale = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(data_scale)  # the bench's generator of valid trajectories and labels
+
+
+@pytest.fixture(scope="module")
+def faulty_inputs(tmp_path_factory) -> tuple[list[Path], Path]:
+    """Two trajectory files and labels with every case the stage handles: rows the checks
+    quarantine (an edited text, a duplicate ID), other splits, failed labels, trajectories with
+    no label row, and a label quarantined in turn."""
+    d = tmp_path_factory.mktemp("streaming")
+    rng = np.random.default_rng(7)
+    table = data_scale._chunk(rng, 0, 400, 12)
+    labels = data_scale._labels(rng, table)
+    rows = table.to_pylist()
+    rows[5]["messages"][-1]["content"] += " (edited)"  # hash mismatch
+    rows[40] = dict(rows[3])  # a duplicate ID, later in the file
+    rows[250] = dict(rows[120])
+    bad_labels = labels.to_pylist()
+    for r in (10, 11, 300):
+        bad_labels[r]["reward"] = None  # ok without a reward: quarantined, so its trajectory too
+    keep = [r for r in range(len(bad_labels)) if r % 97 != 1]  # a few trajectories without a label row
+    a, b = d / "a.parquet", d / "b.parquet"
+    write_table(pa.Table.from_pylist(rows[:260], schema=table.schema), a, "trajectories")
+    write_table(pa.Table.from_pylist(rows[260:], schema=table.schema), b, "trajectories")
+    write_table(pa.Table.from_pylist([bad_labels[r] for r in keep], schema=labels.schema), d / "labels.parquet", "labels")
+    return [a, b], d / "labels.parquet"
+
+
+def _outputs(out: Path) -> dict[str, bytes]:
+    names = ["train.parquet", "export/train.parquet", "quarantine.parquet", "plots/weight.json", "plots/standardized_reward.json"]
+    return {name: (out / name).read_bytes() for name in names}
+
+
+def test_streaming_in_small_batches_and_blocks_writes_the_same_bytes(faulty_inputs, tmp_path, monkeypatch):
+    files, labels = faulty_inputs
+    params = load_params(ROOT / "params.yaml")
+    whole = stage.run_standardize(params, files, labels, tmp_path / "whole")
+    monkeypatch.setattr(validate, "BATCH_ROWS", 7)  # many check batches per file
+    monkeypatch.setattr(stage, "BATCH_ROWS", 7)
+    monkeypatch.setattr(stage, "SORT_BLOCK_ROWS", 25)  # many blocks, spilled to disk
+    monkeypatch.setattr(stage, "WRITE_ROWS", 10)
+    phases = {}
+    pieces = stage.run_standardize(params, files, labels, tmp_path / "pieces", phases=phases)
+    assert _outputs(tmp_path / "whole") == _outputs(tmp_path / "pieces")
+    assert {k: v for k, v in whole.items() if k != "seconds"} == {k: v for k, v in pieces.items() if k != "seconds"}
+    assert set(phases) == {"read_check", "check", "join", "standardize", "export"} and all(v >= 0 for v in phases.values())
+    # Every case happened, and rows in = rows out + other splits + quarantined trajectories.
+    q = pq.read_table(tmp_path / "pieces" / "quarantine.parquet").to_pylist()
+    reasons = " | ".join(r["reason"] for r in q)
+    assert "duplicate of row 3" in reasons and "content hash" in reasons and "no usable label row" in reasons
+    assert pieces["rows_other_splits"] > 0 and pieces["status"]["no_reward"] > 0
+    quarantined = sum(pieces["inputs"][str(f)]["quarantined"] for f in files)
+    assert 400 == pieces["rows_out"] + pieces["rows_other_splits"] + quarantined
+    train = pq.read_table(tmp_path / "pieces" / "train.parquet")
+    assert train.num_rows == pieces["rows_out"] and train.column("trajectory_id").to_pylist() == train.sort_by([("task_id", "ascending"), ("trajectory_id", "ascending")]).column("trajectory_id").to_pylist()
+    # Each row carries its own trajectory's messages.
+    source = pa.concat_tables([pq.read_table(f) for f in files])
+    by_id = dict(zip(source.column("trajectory_id").to_pylist(), source.column("messages").to_pylist()))
+    assert all(by_id[i] == m for i, m in zip(train.column("trajectory_id").to_pylist(), train.column("messages").to_pylist()))
+
+
+def test_scan_checked_keeps_and_quarantines_what_read_checked_does(faulty_inputs, monkeypatch):
+    path = faulty_inputs[0][0]
+    kept, quarantine = validate.read_checked(path, "trajectories")
+    monkeypatch.setattr(validate, "BATCH_ROWS", 9)
+    columns = ["trajectory_id", "task_id"]
+    scanned, rows, scanned_quarantine, seconds = validate.scan_checked(path, "trajectories", columns)
+    assert scanned.equals(kept.select(columns)) and scanned_quarantine.equals(quarantine) and seconds > 0
+    assert quarantine.num_rows == 3 and len(rows) + quarantine.num_rows == pq.ParquetFile(path).metadata.num_rows
+    assert pc.all(pc.equal(pq.read_table(path).take(pa.array(rows)).column("trajectory_id"), kept.column("trajectory_id"))).as_py()
+
+
+def test_table_writer_writes_write_tables_bytes(tmp_path):
+    rng = np.random.default_rng(3)
+    one = data_scale._chunk(rng, 0, 2000, 5)
+    big = pa.concat_tables([one] * 12)  # 24,000 rows: several row groups
+    for n in (0, 3, big.num_rows):
+        part = big.slice(0, n)
+        write_table(part, tmp_path / "a.parquet", "trajectories")
+        with TableWriter(tmp_path / "b.parquet", "trajectories") as w:
+            for i in range(0, n, 4321):  # pieces across the 10,000-row groups
+                w.write(part.slice(i, 4321))
+        assert (tmp_path / "a.parquet").read_bytes() == (tmp_path / "b.parquet").read_bytes(), n
+    with pytest.raises(RuntimeError), TableWriter(tmp_path / "c.parquet", "trajectories") as w:
+        w.write(big.slice(0, 100))
+        raise RuntimeError("killed")
+    assert list(tmp_path.glob("*c.parquet*")) == []
