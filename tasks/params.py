@@ -54,7 +54,7 @@ class RoleParams(Strict):
     enforce_eager: bool = False  # vllm: no torch.compile or CUDA graphs: slower steps, much faster start
 
     @model_validator(mode="after")
-    def _backend_needs(self) -> "RoleParams":
+    def _backend_needs(self) -> RoleParams:
         if self.backend in ("hf", "vllm", "openai") and not self.model:
             raise ValueError(f"backend {self.backend} needs a model")
         if self.backend == "openai" and not self.base_url:
@@ -72,7 +72,7 @@ class ForwardRole(RoleParams):
     backend: Literal["policy", "oracle", "hf", "vllm", "openai"]  # type: ignore[assignment]
 
     @model_validator(mode="after")
-    def _policy_is_builtin(self) -> "ForwardRole":
+    def _policy_is_builtin(self) -> ForwardRole:
         if self.backend == "oracle":
             raise ValueError("the forward role has no oracle; use backend: policy")
         return self
@@ -146,9 +146,26 @@ class BootstrapParams(Strict):
     limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split: quick smoke runs
 
     @model_validator(mode="after")
-    def _mix(self) -> "BootstrapParams":
+    def _mix(self) -> BootstrapParams:
         if any(w < 0 for w in self.behaviour_mix.values()) or sum(self.behaviour_mix.values()) <= 0:
             raise ValueError("behaviour_mix weights must be >= 0 and not all zero")
+        return self
+
+
+class ScaleParams(Strict):
+    """Generation shards (flows/collect.py). The table depends on the shard count, never on the runner."""
+
+    shards: int = Field(1, ge=1)  # episodes cut into N deterministic shards; 1: one process, the default run
+    runner: Literal["local", "dask"] = "local"  # local: shards one after another here; dask: a Prefect task each on Dask
+    address: str | None = None  # dask: an existing scheduler, e.g. tcp://scheduler-host:8786; null: a LocalCluster
+    workers: int | None = Field(None, ge=1)  # dask LocalCluster worker processes; null: one per shard
+
+    @model_validator(mode="after")
+    def _dask_only(self) -> ScaleParams:
+        if self.runner != "dask" and (self.address or self.workers):
+            raise ValueError("address and workers apply to runner: dask only")
+        if self.address and self.workers:
+            raise ValueError("workers sizes a LocalCluster; with an address the cluster is already sized")
         return self
 
 
@@ -158,6 +175,7 @@ class CollectParams(Strict):
     sampling: SamplingParams
     batch_size: int = Field(ge=1)
     limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split: quick smoke runs
+    scale: ScaleParams = ScaleParams()
 
 
 class RelabelParams(Strict):
@@ -170,7 +188,7 @@ class RelabelParams(Strict):
     hr_top: int = Field(ge=1)  # hr: places the controller names; one is used
 
     @model_validator(mode="after")
-    def _window(self) -> "RelabelParams":
+    def _window(self) -> RelabelParams:
         a, b = self.window
         if not 0 <= a < b <= 1:
             raise ValueError(f"window must satisfy 0 <= a < b <= 1, got {list(self.window)}")
@@ -219,7 +237,8 @@ class TrainStageParams(TrainParams):
     methods: dict[str, MethodParams] = Field(min_length=1)
     norm: Literal["sequences", "tokens"] = "sequences"  # Refit/Swift: mean over trajectories or tokens
     push_down_floor: float | None = Field(1.0e-3, gt=0, lt=1)  # Swift: negative weights stop at this probability
-    deepspeed: str | None = None  # a ZeRO config, used when CUDA GPUs exist
+    deepspeed: str | None = None  # a ZeRO config, used on CUDA GPUs and in every multi-rank run (CPU too)
+    nproc_per_node: int = Field(1, ge=1)  # > 1: the stage relaunches itself under torchrun with this many ranks
     # Stop when a logged loss's magnitude exceeds this multiple of the first logged loss's; null: never.
     max_loss_ratio: float | None = Field(10.0, gt=1)
     checkpoint_steps: int = Field(10, ge=1)  # a resumable checkpoint every N optimizer steps

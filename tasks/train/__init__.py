@@ -9,9 +9,14 @@ finished model and result, under checkpoint_dir/<method>/<key>, the key a hash o
 on (the training table, the base model's files, the method's config, the seed), so a rerun
 resumes where the method stopped or reuses its finished model, and never a stale checkpoint.
 The directory is removed once the stage has succeeded.
+
+With train.nproc_per_node > 1 the stage runs on that many ranks under torchrun (launch.py):
+every rank trains, DeepSpeed shards the model across them, rank 0 alone writes. Resuming is
+single-process only: a multi-rank run trains every method from the start.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -24,6 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
 from storage.validate import StageInputs
+from tasks.train.launch import launch, rank, world_size
 from tasks.train.sft import TrainingDiverged, latest_checkpoint
 
 
@@ -58,15 +64,63 @@ def _write_loss(out_dir: Path, name: str, points: list[dict]) -> None:
     (out_dir / "loss" / f"{name}.json").write_text(json.dumps(points, indent=1) + "\n")
 
 
+def _zero3_params(model) -> list:
+    """The parameters DeepSpeed ZeRO-3 partitioned (each rank holds a slice of each)."""
+    return [p for p in model.parameters() if hasattr(p, "ds_id")]
+
+
+def _partition(model) -> dict | None:
+    """How many of the model's parameter elements each rank holds, gathered from every rank."""
+    zero3 = _zero3_params(model)
+    if not zero3 or not torch.distributed.is_initialized():
+        return None
+    held = sum(p.ds_tensor.numel() for p in zero3) + sum(p.numel() for p in model.parameters() if not hasattr(p, "ds_id"))
+    per_rank: list = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(per_rank, held)
+    return {"elements": sum(p.ds_numel for p in zero3) + sum(p.numel() for p in model.parameters() if not hasattr(p, "ds_id")), "held_by_rank": per_rank}
+
+
+def _save(model, tokenizer, folder: Path, main: bool) -> None:
+    """Rank 0 writes the whole model: ZeRO-3's slices are gathered first, on every rank (a collective)."""
+    zero3 = _zero3_params(model)
+    if zero3:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(zero3, modifier_rank=None)
+    with gathered if zero3 else contextlib.nullcontext():
+        if main:
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+
+
+def _deepspeed_config(path: str | None) -> str | None:
+    """A relative ZeRO config path is read from the working directory, else from this project's
+    root, where params.yaml's default (tasks/train/deepspeed_zero3.json) lives."""
+    if path is None or Path(path).is_absolute() or Path(path).exists():
+        return path
+    shipped = Path(__file__).resolve().parents[2] / path
+    return str(shipped) if shipped.exists() else path
+
+
 def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None = None) -> dict:
     """Writes out_dir/models/<method>/ (HF model directories), out_dir/loss/<method>.json and
     out_dir/metrics.json. With checkpoint_dir, resumes a killed run (see the module's docstring).
-    Raises TrainingDiverged, naming the method, when a loss turns NaN/inf or diverges."""
+    Raises TrainingDiverged, naming the method, when a loss turns NaN/inf or diverges.
+    With train.nproc_per_node > 1, relaunches itself on that many ranks (launch.py)."""
     t0 = time.time()
     tp = params.train
+    if tp.nproc_per_node > 1 and not torch.distributed.is_torchelastic_launched():
+        return launch(params, training, out_dir, checkpoint_dir, tp.nproc_per_node)
+    main, ranks = rank() == 0, world_size()
+    if ranks > 1 and checkpoint_dir is not None:
+        if main:
+            print(f"train: resuming is single-process only; with {ranks} ranks a killed run trains every method from the start", flush=True)
+        checkpoint_dir = None
     checked = StageInputs()
     table = checked.read_polars(training, "training")
-    metrics: dict = {"inputs": checked.write(out_dir), "base_model": tp.base_model, "rows": table.height, "methods": {}}
+    metrics: dict = {"inputs": checked.write(out_dir) if main else {}, "base_model": tp.base_model, "rows": table.height, "methods": {}}
+    if ranks > 1:
+        metrics["world_size"] = ranks
     if checkpoint_dir is not None:
         base = Path(tp.base_model)
         files = sorted(p for p in base.rglob("*") if p.is_file())
@@ -74,6 +128,7 @@ def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None
     for name, method in tp.methods.items():
         t_method = time.time()
         cfg = tp.config_for(method)
+        cfg = cfg.model_copy(update={"deepspeed": _deepspeed_config(cfg.deepspeed)})
         store = None
         if checkpoint_dir is not None:
             store = _method_store(checkpoint_dir, name, inputs, method, cfg, params.seed)
@@ -92,18 +147,22 @@ def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None
         torch.use_deterministic_algorithms(True)
         tokenizer = AutoTokenizer.from_pretrained(tp.base_model)
         model = AutoModelForCausalLM.from_pretrained(tp.base_model, dtype=torch.float32)
-        print(f"train {name}: {method.algorithm} on {data.height} trajectories ({method.data})", flush=True)
+        if main:
+            print(f"train {name}: {method.algorithm} on {data.height} trajectories ({method.data})", flush=True)
         try:
             result = algorithms()[method.algorithm](model, tokenizer, data, cfg, params.seed)
         except TrainingDiverged as e:
             e.method = name
             raise
         curve = result.pop("curve")
-        if result["rows"] == 0:
+        if result["rows"] == 0 and main:
             # Saved untrained, so evaluate still compares it; the metrics say why.
             print(f"train {name}: no trajectory carries a training signal; the base model is kept", flush=True)
-        model.save_pretrained(out_dir / "models" / name)
-        tokenizer.save_pretrained(out_dir / "models" / name)
+        if (partition := _partition(model)) is not None:
+            result["partition"] = partition
+        _save(model, tokenizer, out_dir / "models" / name, main)
+        if not main:
+            continue
         points = [{"step": e["step"], "loss": e["loss"]} for e in curve]
         _write_loss(out_dir, name, points)
         metrics["methods"][name] = {
@@ -121,6 +180,8 @@ def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None
             (store / "result.tmp").write_text(json.dumps({"metrics": metrics["methods"][name], "points": points}))
             os.replace(store / "result.tmp", store / "result.json")
             shutil.rmtree(store / "trainer", ignore_errors=True)
+    if not main:
+        return metrics
     metrics["seconds"] = round(time.time() - t0, 1)
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if checkpoint_dir is not None:

@@ -1,0 +1,149 @@
+"""Beyond one process: the train stage on 2 DeepSpeed ZeRO-3 ranks under torchrun (CPU, gloo),
+and collect's shards as Prefect tasks on a 2-worker Dask LocalCluster."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import ROOT, project_env, stop_process, tiny_params
+
+from storage.parquet import write_table
+from tasks.params import Params
+
+CONV = [
+    {"role": "system", "content": "You play twenty questions."},
+    {"role": "user", "content": "Turn 1 of 20. Ask a yes-no question."},
+    {"role": "assistant", "content": "REASON: Ask about animal.\nQUESTION: Is it an animal?"},
+    {"role": "user", "content": "Answer: yes. Turn 2 of 20."},
+    {"role": "assistant", "content": "REASON: Only Dog fits.\nQUESTION: Is it Dog?"},
+    {"role": "user", "content": "Answer: yes. You found it."},
+]
+SHORT = CONV[:3] + [{"role": "user", "content": "Answer: no. Game over."}]
+
+
+def _train_params(model: Path, nproc: int, batch_size: int) -> Params:
+    raw = tiny_params({"train": {"base_model": str(model), "nproc_per_node": nproc, "batch_size": batch_size, "epochs": 3,
+                                 "learning_rate": 3.0e-3, "deepspeed": str(ROOT / "tasks/train/deepspeed_zero3.json")}})
+    raw["train"]["methods"] = {"sft": {"algorithm": "sft"}, "refit": {"algorithm": "refit"}}  # the plain loss and a weighted one
+    return Params.model_validate(raw)
+
+
+@pytest.fixture(scope="module")
+def training_table(tmp_path_factory) -> Path:
+    def row(i: int) -> dict:
+        return {
+            "trajectory_id": f"t{i}", "task_id": "Dog", "split": "train", "source": "policy", "parent_id": None, "relabel_id": None,
+            "messages": [CONV, SHORT][i % 2], "reward": -1.0 - i, "standardized_reward": 1.0 - i / 8, "weight": 1.0 - i / 32,
+            "group_size": 3, "group_mean": -7.0, "group_std": 5.0, "standardize_status": "ok",
+        }
+
+    path = tmp_path_factory.mktemp("table") / "train.parquet"
+    write_table(pl.DataFrame([row(i) for i in range(16)]).to_arrow(), path, "training")
+    return path
+
+
+def test_zero3_on_two_cpu_ranks_matches_one_process_on_the_same_global_batch(tiny_model_dir, training_table, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from tasks.train import run_train
+
+    # 2 ranks x 4 rows and 1 process x 8 rows: the same global batches (the length-grouped order
+    # is drawn from the same seed, and each rank takes every other batch of 4 of it).
+    two = run_train(_train_params(tiny_model_dir, 2, 4), training_table, tmp_path / "two")
+    one = run_train(_train_params(tiny_model_dir, 1, 8), training_table, tmp_path / "one")
+    assert two["world_size"] == 2 and "world_size" not in one
+    for name in ("sft", "refit"):
+        # Both ranks held a share of every partitioned parameter: about half of the elements each.
+        part = two["methods"][name]["partition"]
+        assert len(part["held_by_rank"]) == 2 and all(0.4 * part["elements"] < n < 0.6 * part["elements"] for n in part["held_by_rank"])
+        curve2 = json.loads((tmp_path / f"two/loss/{name}.json").read_text())
+        curve1 = json.loads((tmp_path / f"one/loss/{name}.json").read_text())
+        assert [p["step"] for p in curve2] == [p["step"] for p in curve1] and len(curve2) == 6  # 16 rows / 8, 3 epochs
+        assert all(math.isfinite(p["loss"]) for p in curve2) and curve2[-1]["loss"] < curve2[0]["loss"]
+        # Same data, same updates; only the order of float32 sums differs (ranks reduce their
+        # gradients, and pad their batches, apart). Seen: 1e-7 relative. A rank missing or
+        # repeating its batch changes the loss from the second step on by far more than 1e-4.
+        for a, b in zip(curve2, curve1):
+            assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+        # The whole model was gathered from both ranks and saved; it loads and matches.
+        model2 = AutoModelForCausalLM.from_pretrained(tmp_path / f"two/models/{name}")
+        model1 = AutoModelForCausalLM.from_pretrained(tmp_path / f"one/models/{name}")
+        w1 = dict(model1.named_parameters())
+        for key, w in model2.named_parameters():
+            assert w.shape == w1[key].shape and (w - w1[key]).abs().max().item() < 1e-4
+    assert json.loads((tmp_path / "two/metrics.json").read_text())["world_size"] == 2  # rank 0 wrote it
+
+
+def _collect_params(model: Path, cache: Path, **scale) -> dict:
+    raw = tiny_params({"roles": {"policy": {"model": str(model)}}, "collect": {"scale": scale}})
+    raw["cache"]["path"] = str(cache)
+    return raw
+
+
+def test_collect_shards_on_a_dask_cluster_write_the_table_the_local_run_writes(tiny_model_dir, tmp_path):
+    from tasks.collect import run_collect
+
+    # The Prefect flow of the stage, in a process of its own (Prefect home and Dask cluster to itself).
+    work = tmp_path / "dask"
+    work.mkdir()
+    shutil.copy(ROOT / "dvc.yaml", work / "dvc.yaml")  # the stage's artifact names its tables from it
+    (work / "params.yaml").write_text(yaml.safe_dump(_collect_params(tiny_model_dir, tmp_path / "dask-cache.sqlite", shards=2, runner="dask")))
+    (work / "run.py").write_text(
+        "import json, sys\nfrom flows.collect import collect_flow\n"
+        "if __name__ == '__main__':\n    print('METRICS ' + json.dumps(collect_flow('params.yaml')))\n"
+    )
+    # The CLI allows Prefect's ephemeral server as long to start (flows/cli.py): the machine may be busy.
+    env = {**project_env(tmp_path), "PYTHONPATH": str(ROOT), "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    with (work / "out.log").open("w") as out, (work / "err.log").open("w") as err:
+        flow_run = subprocess.Popen([sys.executable, "run.py"], cwd=work, env=env, stdout=out, stderr=err)
+        try:
+            # Meanwhile, the same shards one after another in this process, with a cache of its own.
+            local = Params.model_validate(_collect_params(tiny_model_dir, tmp_path / "local-cache.sqlite", shards=2))
+            m = run_collect(local, tiny_model_dir, tmp_path / "local")
+            one = run_collect(Params.model_validate(tiny_params({"roles": {"policy": {"model": str(tiny_model_dir)}}})), tiny_model_dir, tmp_path / "one")
+            flow_run.wait(timeout=300)
+        finally:
+            stop_process(flow_run)
+    stdout = (work / "out.log").read_text()
+    assert flow_run.returncode == 0, stdout[-3000:] + (work / "err.log").read_text()[-3000:]
+    dask = json.loads(next(line for line in stdout.splitlines() if line.startswith("METRICS "))[8:])
+    assert dask["shards"] == 2 and len(dask["shard_workers"]) == 2
+    assert len(set(dask["shard_workers"])) == 2  # two worker processes, one shard each
+
+    # The same bytes, whichever ran the shards.
+    table = (tmp_path / "local/trajectories.parquet").read_bytes()
+    assert (work / "data/collect/trajectories.parquet").read_bytes() == table
+    assert m["trajectories"] == dask["trajectories"] == 3 * 2 * 2 and m["cache"]["misses"] == dask["cache"]["misses"] > 0
+
+    # Both workers wrote the one SQLite cache at once; every response they generated landed.
+    with sqlite3.connect(tmp_path / "dask-cache.sqlite") as db:
+        assert db.execute("SELECT count(*) FROM responses").fetchone()[0] == dask["cache"]["misses"]
+    # Played again from that cache: nothing generated, the same table.
+    again = run_collect(Params.model_validate(_collect_params(tiny_model_dir, tmp_path / "dask-cache.sqlite", shards=2)), tiny_model_dir, tmp_path / "again")
+    assert again["cache"]["misses"] == 0 and (tmp_path / "again/trajectories.parquet").read_bytes() == table
+
+    # One shard is the unsharded run: the same episodes (the rows may differ: batches differ).
+    keys = ["split", "task_id", "seed"]
+    assert pq.read_table(tmp_path / "one/trajectories.parquet").select(keys) == pq.read_table(tmp_path / "local/trajectories.parquet").select(keys)
+    assert "shards" not in one
+
+
+def test_scale_settings_are_checked(tmp_path):
+    from tasks.params import ParamsError, load_params
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert raw["collect"]["scale"]["shards"] == 1 and raw["train"]["nproc_per_node"] == 1  # the default run: one process
+    raw["collect"]["scale"] = {"shards": 2, "address": "tcp://127.0.0.1:8786"}  # an address without runner: dask
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ParamsError, match=r"collect\.scale: .*runner: dask only"):
+        load_params(tmp_path / "params.yaml")
