@@ -124,6 +124,9 @@ class TrainParams(Strict):
     # bfloat16 autocast. auto: on where the hardware runs it (CUDA, AMX, AVX512-BF16), where it
     # is faster; elsewhere it is emulated and slower than float32.
     bf16: bool | Literal["auto"] = "auto"
+    # Pack each batch into one row, attention run per sequence: no padding tokens. Same loss to
+    # float rounding, not to the bit; faster where padding is a large share (bench/train_throughput.py).
+    padding_free: bool = False
 
 
 class SamplingParams(Strict):

@@ -108,3 +108,116 @@ def test_trainer_raises_positive_and_lowers_negative_trajectories():
               weight_decay=0.0, bf16=False, seed=0, trainer_cls=RewardWeightedTrainer)
     after = [nll(e) for e in examples]
     assert after[0] < before[0] and after[1] > before[1]
+
+
+def _tiny_chats():
+    """A tiny tokenizer and model, and conversations whose agent turns differ in length (so the
+    per-token and per-trajectory means differ)."""
+    from models.tiny import make_model, train_tokenizer
+
+    def chat(*questions: str) -> list[dict]:
+        msgs = [{"role": "system", "content": "You play twenty questions."}]
+        for i, q in enumerate(questions):
+            msgs += [{"role": "user", "content": f"Turn {i + 1} of 20."}, {"role": "assistant", "content": f"REASON: Ask.\nQUESTION: {q}"}]
+        return msgs + [{"role": "user", "content": "Answer: no. Game over."}]
+
+    chats = [chat("Is it an animal?"), chat("Is it a fruit?", "Is it red and round and sweet?"), chat("Is it big?", "Is it Apple?", "Is it Pear?")]
+    tok = train_tokenizer([m["content"] for c in chats for m in c] * 10, vocab_size=300)
+    torch.manual_seed(0)
+    return tok, make_model(tok, 64, 1, 1, 64, 128, 256), chats
+
+
+def test_token_normalised_loss_equals_trl_sft_loss(tmp_path):
+    """Weights 1 and norm "tokens": the Refit trainer's loss on a batch is TRL SFTTrainer's
+    (assistant_only_loss) on the same conversations, to float tolerance. Differing masks (which
+    tokens carry loss) or normalisation (per trajectory instead of per token) break it."""
+    import copy
+
+    from datasets import Dataset
+    from transformers import TrainingArguments
+    from trl import SFTConfig, SFTTrainer
+
+    from tasks.train.refit import RewardWeightedTrainer
+    from tasks.train.sft import tokenize_chats
+
+    tok, model, chats = _tiny_chats()
+    trl_args = SFTConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=len(chats), assistant_only_loss=True,
+                         gradient_checkpointing=False, bf16=False, use_cpu=True, report_to="none", max_length=256)
+    sft = SFTTrainer(model=copy.deepcopy(model), args=trl_args, train_dataset=Dataset.from_list([{"messages": c} for c in chats]),
+                     processing_class=tok)
+    trl_batch = sft.data_collator([sft.train_dataset[i] for i in range(len(chats))])
+    # As the Trainer counts the items of an optimizer step: supervised next-token targets.
+    n_items = (trl_batch["labels"][:, 1:] != IGNORE).sum()
+    with torch.no_grad():
+        trl_loss = sft.compute_loss(sft.model, trl_batch, num_items_in_batch=n_items).item()
+
+    examples = tokenize_chats(tok, chats, max_length=256).examples
+    batch = PadCollator(tok.pad_token_id)([dict(ex, weight=1.0) for ex in examples])
+    assert torch.equal(batch["labels"], trl_batch["labels"])  # the same loss mask, token for token
+    ours = {}
+    for norm in ("tokens", "sequences"):
+        trainer = RewardWeightedTrainer(model=model, args=TrainingArguments(output_dir=str(tmp_path / norm), use_cpu=True, report_to="none"), norm=norm)
+        with torch.no_grad():
+            ours[norm] = trainer.compute_loss(model, dict(batch)).item()
+    assert ours["tokens"] == pytest.approx(trl_loss, rel=1e-5, abs=1e-6)
+    assert ours["sequences"] != pytest.approx(trl_loss, rel=1e-2)  # the check can tell the normalisations apart
+
+
+def test_gradient_accumulation_divides_the_micro_batch_loss(tmp_path):
+    """compute_loss ignores num_items_in_batch, so each micro-batch's loss is divided by the
+    accumulation steps (the Trainer would not do it on its own for a model whose forward takes **kwargs)."""
+    from transformers import TrainingArguments
+
+    from tasks.train.refit import RewardWeightedTrainer
+    from tasks.train.sft import tokenize_chats
+
+    tok, model, chats = _tiny_chats()
+    batch = PadCollator(tok.pad_token_id)([dict(ex, weight=1.0) for ex in tokenize_chats(tok, chats, 256).examples])
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", gradient_accumulation_steps=2)
+    trainer = RewardWeightedTrainer(model=model, args=args)
+    with torch.no_grad():
+        full = trainer.compute_loss(model, dict(batch)).item()
+    trainer.current_gradient_accumulation_steps = 2  # as the training loop sets it
+    step = trainer.training_step(model, dict(batch), num_items_in_batch=(batch["labels"][:, 1:] != IGNORE).sum()).item()
+    assert step == pytest.approx(full / 2, rel=1e-6)
+
+
+def test_padding_free_batches_give_the_padded_loss_and_gradients():
+    """One packed row, attention per sequence: the same loss and gradients as the padded batch,
+    with mixed-sign weights, the push-down floor and either norm; the model keeps its attention."""
+    import copy
+
+    from tasks.train.sft import PACKED_ATTENTION, tokenize_chats
+
+    tok, model, chats = _tiny_chats()
+    examples = [dict(ex, weight=w) for ex, w in zip(tokenize_chats(tok, chats, 256).examples, (1.0, -0.5, 0.25))]
+    padded = PadCollator(tok.pad_token_id)(examples)
+    packed = PadCollator(tok.pad_token_id, padding_free=True)(examples)
+    assert packed["input_ids"].shape == (1, sum(len(e["input_ids"]) for e in examples)) and "attention_mask" not in packed
+    packed_model = copy.deepcopy(model)
+    packed_model.set_attn_implementation(PACKED_ATTENTION)
+    for norm in ("sequences", "tokens"):
+        losses, grads = [], []
+        for m, batch in ((model, padded), (packed_model, packed)):
+            m.zero_grad()
+            inputs = {k: v for k, v in batch.items() if k not in ("labels", "weight")}
+            loss = weighted_action_nll(m(**inputs).logits, batch["labels"], batch["weight"], norm, 1e-3, batch.get("cu_seq_lens_q"))
+            loss.backward()
+            losses.append(loss.item())
+            grads.append(torch.cat([p.grad.flatten() for p in m.parameters()]))
+        assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+        assert torch.allclose(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+    assert model.config._attn_implementation != PACKED_ATTENTION
+
+
+def test_padding_free_training_restores_the_attention_implementation():
+    from tasks.train.refit import RewardWeightedTrainer
+    from tasks.train.sft import tokenize_chats, train_sft
+
+    tok, model, chats = _tiny_chats()
+    before = model.config._attn_implementation
+    examples = [dict(ex, weight=1.0) for ex in tokenize_chats(tok, chats, 256).examples]
+    curve = train_sft(model, tok, examples, epochs=2, batch_size=3, learning_rate=1e-3, warmup_ratio=0.0, weight_decay=0.0,
+                      bf16=False, seed=0, padding_free=True, trainer_cls=RewardWeightedTrainer, norm="tokens")
+    assert curve and all(math.isfinite(e["loss"]) for e in curve)
+    assert model.config._attn_implementation == before

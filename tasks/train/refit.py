@@ -30,19 +30,28 @@ Norm = Literal["sequences", "tokens"]
 
 def weighted_action_nll(
     logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor, norm: Norm = "sequences",
-    push_down_floor: float | None = None,
+    push_down_floor: float | None = None, cu_seq_lens: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """logits [B, T, V]; labels [B, T] (IGNORE off the agent's tokens); weights [B]."""
+    """logits [B, T, V]; labels [B, T] (IGNORE off the agent's tokens); weights [B]. A padding-free
+    batch is one packed row (logits [1, N, V], labels [1, N]) with its sequences' boundaries
+    cu_seq_lens [B + 1] (see tasks.train.sft.PadCollator)."""
     b, t, v = logits.shape
     targets = labels[:, 1:]
     token_nll = F.cross_entropy(
         logits[:, :-1].float().reshape(-1, v), targets.reshape(-1), ignore_index=IGNORE, reduction="none"
     ).view(b, t - 1)
     mask = (targets != IGNORE).float()
+    if cu_seq_lens is not None:
+        # Position i predicts token i + 1, so it counts for that token's trajectory.
+        seq_of = torch.repeat_interleave(torch.arange(len(weights), device=labels.device), cu_seq_lens.diff().long())[1:]
     if push_down_floor is not None:
         capped = token_nll.clamp(max=-math.log(push_down_floor))
-        token_nll = torch.where((weights < 0).unsqueeze(1), capped, token_nll)
-    seq_nll = (token_nll * mask).sum(dim=1)  # -sum_t log pi(a_t | ...)
+        negative = (weights < 0).unsqueeze(1) if cu_seq_lens is None else (weights < 0)[seq_of].unsqueeze(0)
+        token_nll = torch.where(negative, capped, token_nll)
+    if cu_seq_lens is None:
+        seq_nll = (token_nll * mask).sum(dim=1)  # -sum_t log pi(a_t | ...)
+    else:
+        seq_nll = token_nll.new_zeros(len(weights)).index_add(0, seq_of, (token_nll * mask)[0])
     weighted = weights.to(seq_nll.dtype) * seq_nll
     if norm == "sequences":
         return weighted.mean()
@@ -54,6 +63,11 @@ def weighted_action_nll(
 class RewardWeightedTrainer(Trainer):
     """The HF Trainer with the loss above; batches carry a `weight` per trajectory."""
 
+    # compute_loss returns a micro-batch mean and ignores num_items_in_batch, so the Trainer must divide it
+    # by the gradient-accumulation steps. Left at None it would not: the model's forward takes **kwargs, which
+    # the Trainer reads as "the loss is already normalised over the accumulated batch".
+    loss_is_scaled_for_ga = False
+
     def __init__(self, *args, norm: Norm = "sequences", push_down_floor: float | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.norm, self.push_down_floor = norm, push_down_floor
@@ -62,7 +76,7 @@ class RewardWeightedTrainer(Trainer):
         weights = inputs.pop("weight")
         labels = inputs.pop("labels")
         outputs = model(**inputs)
-        loss = weighted_action_nll(outputs.logits, labels, weights, self.norm, self.push_down_floor)
+        loss = weighted_action_nll(outputs.logits, labels, weights, self.norm, self.push_down_floor, inputs.get("cu_seq_lens_q"))
         return (loss, outputs) if return_outputs else loss
 
 

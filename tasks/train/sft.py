@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+import torch.nn.functional as F
+from transformers import (
+    AttentionInterface,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 from models.hf import native_bf16
 
@@ -148,11 +156,37 @@ def tokenize_chats(
     return TokenizedChats(examples, truncated)
 
 
+PACKED_ATTENTION = "retrosight_packed_sdpa"
+
+
+def _packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, cu_seq_lens_q=None, **kwargs):
+    """Causal SDPA run per sequence of a padding-free batch (one packed row, boundaries in
+    cu_seq_lens_q). Without flash attention's varlen kernels, the stock SDPA path would attend
+    over the whole packed row under a dense block-diagonal mask, (sum of lengths)^2 work."""
+    lengths = cu_seq_lens_q.diff().tolist()
+    gqa = getattr(module, "num_key_value_groups", 1) > 1
+    # split, not slicing: a slice's backward writes into a zero tensor the size of the whole row
+    out = [
+        F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True, enable_gqa=gqa)
+        for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2))
+    ]
+    return torch.cat(out, dim=2).transpose(1, 2).contiguous(), None
+
+
+# Not in transformers' mask registry, so models build no attention mask for it.
+AttentionInterface.register(PACKED_ATTENTION, _packed_sdpa)
+
+
 class PadCollator:
-    def __init__(self, pad_id: int):
-        self.pad_id = pad_id
+    """Right-padded batches; with padding_free, the batch's sequences packed into one row with
+    position_ids and sequence boundaries (cu_seq_lens_*), no padding and no attention mask."""
+
+    def __init__(self, pad_id: int, padding_free: bool = False):
+        self.pad_id, self.padding_free = pad_id, padding_free
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
+        if self.padding_free:
+            return self._packed(batch)
         width = max(len(b["input_ids"]) for b in batch)
 
         def pad(seq: list[int], value: int) -> list[int]:
@@ -164,6 +198,20 @@ class PadCollator:
             "attention_mask": torch.tensor([[1] * len(b["input_ids"]) + [0] * (width - len(b["input_ids"])) for b in batch]),
         }
         if "weight" in batch[0]:  # reward-weighted training (Refit, Swift)
+            out["weight"] = torch.tensor([b["weight"] for b in batch], dtype=torch.float32)
+        return out
+
+    def _packed(self, batch: list[dict]) -> dict:
+        lengths = [len(b["input_ids"]) for b in batch]
+        bounds = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
+        out = {
+            "input_ids": torch.tensor([[t for b in batch for t in b["input_ids"]]]),
+            # A sequence's first label never counts: the token before it in the row ends the previous sequence.
+            "labels": torch.tensor([[t for b in batch for t in [IGNORE, *b["labels"][1:]]]]),
+            "position_ids": torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0),
+            "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": max(lengths), "max_length_k": max(lengths),
+        }
+        if "weight" in batch[0]:
             out["weight"] = torch.tensor([b["weight"] for b in batch], dtype=torch.float32)
         return out
 
@@ -184,6 +232,7 @@ def train_sft(
     max_loss_ratio: float | None = None,
     checkpoint_dir: Path | None = None,
     checkpoint_steps: int = 10,
+    padding_free: bool = False,
     trainer_cls: type[Trainer] = Trainer,
     **trainer_kwargs,
 ) -> list[dict]:
@@ -193,7 +242,11 @@ def train_sft(
     With `checkpoint_dir`, a checkpoint (weights, optimizer, scheduler, RNG, data position) is
     written there every `checkpoint_steps` steps, rounded up to a multiple of the logging interval
     (a resumed run then averages the same steps into each logged loss), and training resumes from
-    the newest complete one there."""
+    the newest complete one there.
+
+    `padding_free` packs each batch into one row (no padding; attention per sequence). It computes
+    the same loss to float rounding, not to the bit, so it is off by default (the pipeline's models
+    stay byte-identical); faster where lengths in a batch differ."""
     steps = math.ceil(len(examples) / batch_size) * epochs
     logging_steps = max(1, int(steps // 20))
     resume = None
@@ -224,17 +277,25 @@ def train_sft(
             bf16=native_bf16() if bf16 == "auto" else bf16,
             train_sampling_strategy="group_by_length",  # batches of similar length: less padding
             remove_unused_columns=False,  # keep per-trajectory weights for reward-weighted losses
-            deepspeed=deepspeed if torch.cuda.is_available() else None,
+            # Under torchrun on CPU too: DeepSpeed's CPU accelerator over gloo (tasks/train/launch.py).
+            deepspeed=deepspeed if torch.cuda.is_available() or torch.distributed.is_torchelastic_launched() else None,
         )
         trainer = trainer_cls(
             model=model,
             args=args,
             train_dataset=_ListDataset(examples),
-            data_collator=PadCollator(tokenizer.pad_token_id),
+            data_collator=PadCollator(tokenizer.pad_token_id, padding_free),
             callbacks=[LossGuard(max_loss_ratio)] + ([ExactResume(torch.load(resume / EPOCH_RNG) if resume else None)] if checkpoint_dir else []),
             **trainer_kwargs,
         )
-        trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        if padding_free:
+            attention = model.config._attn_implementation
+            model.set_attn_implementation(PACKED_ATTENTION)
+        try:
+            trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+        finally:
+            if padding_free:  # the saved model must not name an attention only this module registers
+                model.set_attn_implementation(attention)
         return [e for e in trainer.state.log_history if "loss" in e]
 
 

@@ -1,0 +1,55 @@
+"""bench/train_throughput.py at --small on a tiny model: the table, the ratio and the loss check are printed and sane."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_train_throughput_bench_small(tmp_path):
+    from models.tiny import make_model, train_tokenizer
+
+    chats = []
+    for i in range(10):
+        msgs = [{"role": "system", "content": "You play twenty questions."}]
+        for t in range(1 + i % 4):
+            msgs += [{"role": "user", "content": f"Turn {t + 1} of 20."}, {"role": "assistant", "content": f"REASON: Ask.\nQUESTION: Is it thing {i}{t}?"}]
+        chats.append(msgs)
+    # Row 1 has weight 0: Refit leaves it out, and so must the bench's TRL run.
+    pl.DataFrame({"messages": chats, "weight": [1.0, 0.0] + [0.5] * 8}).write_parquet(tmp_path / "train.parquet")
+    tok = train_tokenizer([m["content"] for c in chats for m in c] * 5, vocab_size=300)
+    torch.manual_seed(0)
+    make_model(tok, 64, 1, 1, 64, 128, 256).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/train_throughput.py", "--small", "--model", str(tmp_path / "model"),
+         "--table", str(tmp_path / "train.parquet"), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout
+    assert re.search(r"^8 rows, \d+ tokens \(\d+ supervised\) over 1 epochs, batch 4, 2 optimizer steps", text, re.MULTILINE), text
+    last_loss = {}
+    for name in ("refit", "trl", "refit-pf"):
+        row = re.search(rf"^{name}\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", text, re.MULTILINE)
+        assert row, text
+        assert all(float(x) > 0 for x in row.groups()[:6]), row.group(0)
+        last_loss[name] = float(row.group(7))
+    # Padding-free batches train the same model to float rounding.
+    assert abs(last_loss["refit-pf"] - last_loss["refit"]) <= 1e-3 * abs(last_loss["refit"])
+    assert re.search(r"^ratio ours padding-free/TRL \(tokens/s, training loop\): \d+\.\d+", text, re.MULTILINE), text
+    ratio = re.search(r"^ratio ours/TRL \(tokens/s, training loop\): (\S+)", text, re.MULTILINE)
+    assert ratio and float(ratio.group(1)) > 0, text
+    loss = re.search(r"refit\[tokens\] = (\S+)\s+trl = (\S+)\s+diff = (\S+)", text)
+    assert loss, text
+    assert float(loss.group(1)) > 0 and abs(float(loss.group(1)) - float(loss.group(2))) <= 1e-5 * float(loss.group(2))
+    saved = json.loads(out.read_text())
+    assert saved["rows"] == 8 and saved["steps"] == 2 and saved["summary"]["trl"]["tokens_per_s"] > 0
+    assert abs(saved["ratio_ours_over_trl"] - float(ratio.group(1))) < 0.01
