@@ -70,13 +70,21 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A fresh git + DVC repository holding this project's pipeline and a tiny params.yaml."""
+    return make_project(tmp_path)
+
+
+def make_project(tmp_path: Path, methods: dict | None = None) -> Path:
+    """The `project` fixture's repository; `methods` replaces params.yaml's training methods."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in ("flows", "tasks", "storage", "envs", "models"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".dvcignore"):
         shutil.copy(ROOT / name, repo / name)
-    (repo / "params.yaml").write_text(yaml.safe_dump(tiny_params({"cache": {"path": ".retrosight/cache/responses.sqlite"}}), sort_keys=False))
+    raw = tiny_params({"cache": {"path": ".retrosight/cache/responses.sqlite"}})
+    if methods is not None:
+        raw["train"]["methods"] = methods
+    (repo / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     run(["git", "init", "-q"], repo)
     run([str(BIN / "dvc"), "init", "-q"], repo)
     shutil.copy(ROOT / ".dvcignore", repo / ".dvcignore")

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import BIN, ROOT, free_port, project_env, run, stop_process
+from conftest import BIN, ROOT, free_port, make_project, project_env, run, stop_process
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +30,12 @@ def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> N
         except OSError:
             time.sleep(1)
     raise AssertionError(f"{url} did not answer in {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def project(tmp_path):
+    """One training method: these runs are about versions, and each method trains and plays again."""
+    return make_project(tmp_path, methods={"refit": {"algorithm": "refit"}})
 
 
 @pytest.fixture
