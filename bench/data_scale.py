@@ -1,18 +1,19 @@
 """The standardize stage at scale: our stage beside a straightforward pandas implementation.
 
-    python bench/data_scale.py [--n 1000000] [--small] [--keep-outputs]
+    python bench/data_scale.py [--n 1000000] [--small] [--pandas-arrow] [--workers N]
 
 Generates (once; cached in bench/out/data_scale/n<N>) a synthetic, schema-valid trajectories
 table of N trajectories (6-14 turns each, about 10 on average; a few thousand task contexts of
 about 250 trajectories each, a third of them regenerations; correct content-hash IDs) as two
 files like collect's and regenerate's, and its labels table (a few failed labels, a few
 trajectories with no label row). Then times, each in its own subprocess so its peak RSS
-(ru_maxrss) is its own:
+(sampled, with its child processes' added: our row checks run in worker processes) is its own:
   ours    tasks.standardize.run_standardize: the row checks (reading included), the label join,
           standardize (z-scores, weights, sort) and the export (train.parquet, export/train.parquet);
   pandas  pd.read_parquet, merge with the labels, groupby-transform z-scores, min-max weights,
           sort_values, to_parquet of the training table and the export. It checks no rows.
-Prints one table (phase, seconds, peak RSS so far, pandas/ours) and whether the two training
+Prints one table (phase, seconds, peak RSS so far, pandas/ours; and the CPU time of each,
+which the machine's other load changes less than the wall time) and whether the two training
 tables agree (same rows in the same order, same values), and writes bench/out/data_scale.json
 (and data_scale_n<N>.json).
 --small is 20,000 trajectories.
@@ -193,7 +194,9 @@ def generate(n: int, seed: int = 0) -> dict[str, Path]:
 
 
 class _RssSampler:
-    """Resident memory every 20 ms in a thread, so each phase's peak can be told afterwards."""
+    """Resident memory every 20 ms in a thread, so each phase's peak can be told afterwards:
+    this process's plus its child processes' (the row checks' workers), pages shared between
+    them counted once per process, so the sum errs high."""
 
     def __init__(self) -> None:
         import threading
@@ -205,11 +208,12 @@ class _RssSampler:
 
     def _run(self) -> None:
         page = os.sysconf("SC_PAGE_SIZE")
-        with open("/proc/self/statm") as f:
-            while not self._stop.is_set():
-                f.seek(0)
-                self.samples.append((time.perf_counter(), int(f.read().split()[1]) * page))
-                self._stop.wait(0.02)
+        while not self._stop.is_set():
+            self.samples.append((time.perf_counter(), sum(_rss_pages(pid) for pid in _tree(os.getpid())) * page))
+            self._stop.wait(0.02)
+
+    def peak_mb(self) -> float:
+        return round(max((rss for _, rss in self.samples), default=0) / 2**20, 1)
 
     def phase_peaks(self, start: float, phases: list[tuple[str, float]]) -> dict[str, float]:
         """MB: the highest sample within each phase (phases: (name, seconds), back to back)."""
@@ -223,11 +227,36 @@ class _RssSampler:
         return peaks
 
 
-def _peak_mb() -> float:
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # Linux: KiB
+def _tree(pid: int) -> list[int]:
+    """pid and its descendants."""
+    out = [pid]
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            out += [p for child in task.read_text().split() for p in _tree(int(child))]
+        except OSError:  # gone meanwhile
+            pass
+    return out
 
 
-def child_ours(data: dict[str, Path], out: Path) -> dict:
+def _rss_pages(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError):
+        return 0
+
+
+def _peak_mb(sampler: _RssSampler) -> float:
+    """The highest of this process's own peak and the sampled peak of it with its children."""
+    return max(round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), sampler.peak_mb())  # Linux: KiB
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and its finished children (the check workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def child_ours(data: dict[str, Path], out: Path, workers: int | None) -> dict:
     from tasks.params import load_params
     from tasks.standardize import run_standardize
 
@@ -235,12 +264,14 @@ def child_ours(data: dict[str, Path], out: Path) -> dict:
     sampler = _RssSampler()
     phases: dict[str, float] = {}
     start = time.perf_counter()
-    metrics = run_standardize(params, [data["collect"], data["regenerate"]], data["labels"], out, phases=phases)
+    cpu = _cpu_seconds()
+    metrics = run_standardize(params, [data["collect"], data["regenerate"]], data["labels"], out, phases=phases, workers=workers)
     total = time.perf_counter() - start
+    cpu = _cpu_seconds() - cpu
     order = [(p, phases[p]) for p in ("read_check", "join", "standardize", "export")]
     return {
-        "seconds": {**{p: s for p, s in order}, "check": phases["check"], "total": total},
-        "peak_mb": {**sampler.phase_peaks(start, order), "total": _peak_mb()},
+        "seconds": {**{p: s for p, s in order}, "check": phases["check"], "total": total}, "cpu_seconds": cpu, "workers": workers,
+        "peak_mb": {**sampler.phase_peaks(start, order), "total": _peak_mb(sampler)},
         "rows_out": metrics["rows_out"], "rows_in": metrics["rows_in"],
         "quarantined": sum(v["quarantined"] for v in metrics["inputs"].values()),
     }
@@ -257,6 +288,7 @@ def child_pandas(data: dict[str, Path], out: Path, backend: str | None) -> dict:
     sampler = _RssSampler()
     seconds: dict[str, float] = {}
     start = t = time.perf_counter()
+    cpu = _cpu_seconds()
 
     def lap(name: str) -> None:
         nonlocal t
@@ -290,8 +322,8 @@ def child_pandas(data: dict[str, Path], out: Path, backend: str | None) -> dict:
     lap("export")
     total = time.perf_counter() - start
     return {
-        "seconds": {**seconds, "total": total},
-        "peak_mb": {**sampler.phase_peaks(start, list(seconds.items())), "total": _peak_mb()},
+        "seconds": {**seconds, "total": total}, "cpu_seconds": _cpu_seconds() - cpu,
+        "peak_mb": {**sampler.phase_peaks(start, list(seconds.items())), "total": _peak_mb(sampler)},
         "rows_out": len(df),
     }
 
@@ -326,7 +358,7 @@ def child_compare(ours: Path, theirs: Path) -> dict:
 def _child(args: argparse.Namespace) -> None:
     data = {k: Path(v) for k, v in json.loads(args.data).items()}
     if args.child == "ours":
-        result = child_ours(data, Path(args.out))
+        result = child_ours(data, Path(args.out), args.workers)
     elif args.child == "compare":
         result = child_compare(Path(args.out) / "ours" / "train.parquet", Path(args.out) / args.against / "train.parquet")
     else:
@@ -334,9 +366,9 @@ def _child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(result))
 
 
-def _run_child(kind: str, data: dict[str, Path], out: Path, against: str = "") -> dict:
+def _run_child(kind: str, data: dict[str, Path], out: Path, against: str = "", workers: int | None = None) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", kind, "--data", json.dumps({k: str(v) for k, v in data.items()}),
-           "--out", str(out)] + (["--against", against] if against else [])
+           "--out", str(out)] + (["--against", against] if against else []) + (["--workers", str(workers)] if workers else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -378,6 +410,10 @@ def report(n: int, ours: dict, baselines: dict[str, dict], agree: dict[str, dict
             else:
                 row += f" {bs:15.2f} " + (f"{bpeak:8.0f}" if bpeak is not None else f"{'':8s}") + f" {bs / s:12.1f}x"
         lines.append(row)
+    row = f"{'CPU time, all processes (user+sys)':34s} {ours['cpu_seconds']:8.2f} {'':8s}"
+    for b in baselines.values():
+        row += f" {b['cpu_seconds']:15.2f} {'':8s} {b['cpu_seconds'] / ours['cpu_seconds']:12.1f}x"
+    lines.append(row)
     for name, a in agree.items():
         lines.append(f"outputs agree with {name}: {'yes' if a['agree'] else 'NO'} ({a.get('rows', a.get('why'))})")
     return "\n".join(lines)
@@ -389,6 +425,7 @@ def main() -> None:
     ap.add_argument("--small", action="store_true", help=f"--n {SMALL:,} (CI)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--pandas-arrow", action="store_true", help="also pandas with dtype_backend='pyarrow'")
+    ap.add_argument("--workers", type=int, help="our row-check processes (default: up to 2, one per core; 1: in-process)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -403,7 +440,7 @@ def main() -> None:
     generate_s = time.perf_counter() - t
     with tempfile.TemporaryDirectory(prefix="data-scale-") as work:
         work = Path(work)
-        ours = _run_child("ours", data, work / "ours")
+        ours = _run_child("ours", data, work / "ours", workers=args.workers)
         kinds = ["pandas"] + (["pandas-arrow"] if args.pandas_arrow else [])
         baselines = {k: _run_child(k, data, work / k) for k in kinds}
         agree = {k: _run_child("compare", data, work, against=k) for k in kinds}

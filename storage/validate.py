@@ -10,15 +10,19 @@ schema's own rules, then duplicate keys among the rows still kept.
 
 Checks are vectorised over each column (nested lists flattened once), BATCH_ROWS rows at a
 time; Python loops only over the problems found and the trajectory content hashes (one SHA-256
-per row over JSON polars writes). 10,000 collected trajectories (343k messages) take about 0.4 s
+per row over JSON polars writes). scan_checked can spread a big file's batches over worker
+processes (CheckPool). 10,000 collected trajectories (343k messages) take about 0.4 s
 on top of the 0.2 s read.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import multiprocessing
+import os
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,52 +112,41 @@ def check_rows(table: pa.Table, name: str, source_file: str) -> tuple[pa.Table, 
 
 
 def scan_checked(
-    path: Path | str, name: str, columns: list[str], each_batch: Callable[[int, pa.RecordBatch, np.ndarray], None] | None = None
-) -> tuple[pa.Table, np.ndarray, pa.Table, float]:
+    path: Path | str, name: str, columns: list[str], pool: CheckPool | None = None
+) -> tuple[pa.Table, np.ndarray, pa.Table, float, list]:
     """read_checked for a file too big to hold: (the kept rows' `columns`, their row numbers in
-    the file, the quarantine table, seconds spent in the checks).
+    the file, the quarantine table, seconds spent in the checks, what the pool's hook for table
+    `name` returned for each batch, in file order).
 
     The file is read and checked BATCH_ROWS rows at a time and only `columns` of the kept rows
-    are held, so memory follows those columns, not the file. Kept rows, quarantine rows and
-    errors are read_checked's: duplicates are found once every batch is checked, and the raw
-    JSON of a duplicate is read back from the file. each_batch(first row, batch, rows the
-    checks kept) sees every whole batch on the way, for what else a caller needs of it.
+    are held, so memory follows those columns, not the file. With a pool, a file of at least
+    POOL_MIN_ROWS rows is checked in its worker processes, row groups at a time, and the
+    results are taken in file order, so they are the same as in-process. Kept rows, quarantine
+    rows and errors are read_checked's: duplicates are found once every batch is checked, and
+    the raw JSON of a duplicate is read back from the file.
     """
     ts = get_schema(name)
     rules = RULES.get(name, Rules())
     source_file = str(path)
     file = _open_checked(path, name, ts)
-    problems: dict[int, tuple[str, str]] = {}
-    raws: dict[int, str] = {}
-    kept: list[pa.RecordBatch] = []
-    kept_rows: list[np.ndarray] = []
-    keys: list[pa.Array] = []
-    checking = 0.0
-    start = 0
-    for batch in _read_batches(file, path, columns=None):
-        t = time.perf_counter()
-        found: dict[int, tuple[str, str]] = {}
-        for row, where, reason in _batch_problems(batch, rules):
-            found.setdefault(row, (where, reason))
-        bad = sorted(found)
-        keep = np.ones(batch.num_rows, dtype=bool)
-        keep[bad] = False
-        for row, raw in zip(bad, row_json(pa.Table.from_batches([batch]), bad)):
-            problems[start + row], raws[start + row] = found[row], raw
-        mask = pa.array(keep)
-        kept.append(batch.select(columns).filter(mask))
-        kept_rows.append(start + np.flatnonzero(keep))
-        if rules.key:
-            keys.append(batch.column(rules.key).filter(mask))
-        checking += time.perf_counter() - t
-        if each_batch is not None:
-            each_batch(start, batch, keep)
-        start += batch.num_rows
-    table = pa.Table.from_batches(kept, schema=pa.schema([ts.schema.field(c) for c in columns]))
+    t = time.perf_counter()
+    if pool is not None and pool.workers > 1 and file.metadata.num_rows >= POOL_MIN_ROWS:
+        parts = list(pool.map(source_file, name, columns, _row_group_tasks(file)))
+        wall = time.perf_counter() - t
+        busy = sum(p.busy for p in parts)
+        # The workers read and check at once: the checks' share of the wall time.
+        checking = wall * sum(p.seconds for p in parts) / busy if busy else 0.0
+    else:
+        parts = [_check_batches(_numbered(_read_batches(file, path, columns=None)), name, columns, pool.hooks.get(name) if pool else None)]
+        checking = parts[0].seconds
+    problems = {k: v for p in parts for k, v in p.problems.items()}
+    raws = {k: v for p in parts for k, v in p.raws.items()}
+    table = pa.Table.from_batches([b for p in parts for b in p.kept], schema=pa.schema([ts.schema.field(c) for c in columns]))
+    kept_rows = [r for p in parts for r in p.rows]
     rows = np.concatenate(kept_rows) if kept_rows else np.zeros(0, dtype=np.int64)
     if rules.key:
         t = time.perf_counter()
-        key = pa.chunked_array(keys, type=ts.schema.field(rules.key).type)
+        key = pa.chunked_array([k for p in parts for k in p.keys], type=ts.schema.field(rules.key).type)
         duplicates = {row: (where, reason) for row, where, reason in _later_duplicates(key, rows, rules.key)}
         if duplicates:
             problems.update(duplicates)
@@ -165,7 +158,130 @@ def scan_checked(
         {"source_file": source_file, "row": row, "field": problems[row][0], "reason": problems[row][1], "raw": raws[row]}
         for row in sorted(problems)
     ]
-    return table, rows, to_table(quarantine, "quarantine"), checking
+    return table, rows, to_table(quarantine, "quarantine"), checking, [h for p in parts for h in p.hooked]
+
+
+POOL_MIN_ROWS = 100_000  # smaller files are checked in-process: starting the workers costs more
+TASK_ROWS = 50_000  # rows of whole row groups sent to a worker at a time
+
+
+class CheckPool:
+    """Worker processes (spawned, so no thread state is forked) that check row groups for
+    scan_checked; started on first use, stopped by close() or the with block's end.
+    hooks[table name](first row, batch, rows the checks kept) sees every whole batch of that
+    table on its way (in a worker, or in-process for a small file) and what it returns is
+    handed back in file order; hooks are pickled once per worker. As with any spawned pool,
+    a script that starts one needs the `if __name__ == "__main__":` guard."""
+
+    def __init__(self, hooks: dict[str, Callable[[int, pa.RecordBatch, np.ndarray], object]] | None = None, workers: int | None = None) -> None:
+        self.hooks = hooks or {}
+        self.workers = workers if workers is not None else min(2, os.cpu_count() or 1)
+        self._executor: ProcessPoolExecutor | None = None
+
+    def map(self, path: str, name: str, columns: list[str], tasks: list[tuple[int, list[int]]]) -> Iterator[_Checked]:
+        args = zip(*[(path, name, columns, start, groups) for start, groups in tasks])
+        if self._executor is not None:
+            return self._executor.map(_check_row_groups, *args)
+        self._executor = ProcessPoolExecutor(
+            self.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_install_hooks, initargs=(self.hooks,)
+        )
+        # The workers are the parallelism: one polars thread each, or their thread pools
+        # compete for the same cores. Spawned workers start (and read this) on first submit.
+        saved = os.environ.get("POLARS_MAX_THREADS")
+        os.environ["POLARS_MAX_THREADS"] = "1"
+        try:
+            return self._executor.map(_check_row_groups, *args)
+        finally:
+            if saved is None:
+                del os.environ["POLARS_MAX_THREADS"]
+            else:
+                os.environ["POLARS_MAX_THREADS"] = saved
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown()
+            self._executor = None
+
+    def __enter__(self) -> CheckPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@dataclass
+class _Checked:
+    """What checking some batches of a file found (row numbers are the file's)."""
+
+    problems: dict[int, tuple[str, str]] = field(default_factory=dict)
+    raws: dict[int, str] = field(default_factory=dict)
+    kept: list[pa.RecordBatch] = field(default_factory=list)  # the kept rows' columns
+    rows: list[np.ndarray] = field(default_factory=list)  # their row numbers
+    keys: list[pa.Array] = field(default_factory=list)  # their keys, for the duplicate check
+    hooked: list = field(default_factory=list)  # each_batch's results
+    seconds: float = 0.0  # in the checks
+    busy: float = 0.0  # in all, reading included
+
+
+def _check_batches(batches: Iterator[tuple[int, pa.RecordBatch]], name: str, columns: list[str], each_batch) -> _Checked:
+    rules = RULES.get(name, Rules())
+    out = _Checked()
+    t0 = time.perf_counter()
+    for start, batch in batches:
+        t = time.perf_counter()
+        found: dict[int, tuple[str, str]] = {}
+        for row, where, reason in _batch_problems(batch, rules):
+            found.setdefault(row, (where, reason))
+        bad = sorted(found)
+        keep = np.ones(batch.num_rows, dtype=bool)
+        keep[bad] = False
+        for row, raw in zip(bad, row_json(pa.Table.from_batches([batch]), bad)):
+            out.problems[start + row], out.raws[start + row] = found[row], raw
+        mask = pa.array(keep)
+        out.kept.append(batch.select(columns).filter(mask))
+        out.rows.append(start + np.flatnonzero(keep))
+        if rules.key:
+            out.keys.append(batch.column(rules.key).filter(mask))
+        out.seconds += time.perf_counter() - t
+        if each_batch is not None:
+            out.hooked.append(each_batch(start, batch, keep))
+    out.busy = time.perf_counter() - t0
+    return out
+
+
+def _numbered(batches: Iterator[pa.RecordBatch], start: int = 0) -> Iterator[tuple[int, pa.RecordBatch]]:
+    for batch in batches:
+        yield start, batch
+        start += batch.num_rows
+
+
+def _row_group_tasks(file: pq.ParquetFile) -> list[tuple[int, list[int]]]:
+    """(first row, row groups) of about TASK_ROWS rows each, in file order."""
+    tasks, start, groups, rows = [], 0, [], 0
+    for g in range(file.num_row_groups):
+        groups.append(g)
+        rows += file.metadata.row_group(g).num_rows
+        if rows >= TASK_ROWS:
+            tasks.append((start, groups))
+            start, groups, rows = start + rows, [], 0
+    if groups:
+        tasks.append((start, groups))
+    return tasks
+
+
+_HOOKS: dict = {}  # a worker's CheckPool.hooks
+
+
+def _install_hooks(hooks: dict) -> None:
+    pa.set_cpu_count(1)  # as POLARS_MAX_THREADS above
+    _HOOKS.update(hooks)
+
+
+def _check_row_groups(path: str, name: str, columns: list[str], start: int, groups: list[int]) -> _Checked:
+    """In a worker: _check_batches over row groups `groups` of `path`, the first at row `start`."""
+    file = pq.ParquetFile(path)
+    batches = file.iter_batches(batch_size=BATCH_ROWS, row_groups=groups)
+    return _check_batches(_numbered(_read_batches(batches, path), start), name, columns, _HOOKS.get(name))
 
 
 def read_rows(path: Path | str, rows: list[int] | np.ndarray) -> pa.Table:
@@ -201,8 +317,8 @@ def _open_checked(path: Path | str, name: str, ts: TableSchema) -> pq.ParquetFil
     return file
 
 
-def _read_batches(file: pq.ParquetFile, path: Path | str, columns: list[str] | None) -> Iterator[pa.RecordBatch]:
-    batches = file.iter_batches(batch_size=BATCH_ROWS, columns=columns)
+def _read_batches(file: pq.ParquetFile | Iterator[pa.RecordBatch], path: Path | str, columns: list[str] | None = None) -> Iterator[pa.RecordBatch]:
+    batches = file.iter_batches(batch_size=BATCH_ROWS, columns=columns) if isinstance(file, pq.ParquetFile) else file
     while True:
         try:
             batch = next(batches)
@@ -229,17 +345,16 @@ class StageInputs:
         self.add(str(path), quarantine)
         return kept
 
-    def read_columns(
-        self, path: Path | str, name: str, columns: list[str], each_batch: Callable[[int, pa.RecordBatch, np.ndarray], None] | None = None
-    ) -> tuple[pa.Table, np.ndarray]:
-        """read() for a file too big to hold (see scan_checked): the kept rows' `columns` and
-        their row numbers in the file. check_seconds adds up the time spent in row checks."""
-        kept, rows, quarantine, seconds = scan_checked(path, name, columns, each_batch)
+    def read_columns(self, path: Path | str, name: str, columns: list[str], pool: CheckPool | None = None) -> tuple[pa.Table, np.ndarray, list]:
+        """read() for a file too big to hold (see scan_checked): the kept rows' `columns`, their
+        row numbers in the file and the pool's hook's results. check_seconds adds up the time
+        spent in row checks."""
+        kept, rows, quarantine, seconds, hooked = scan_checked(path, name, columns, pool)
         self.check_seconds += seconds
         rows_in = kept.num_rows + quarantine.num_rows
         self.counts[str(path)] = {"rows_in": rows_in, "kept": rows_in, "quarantined": 0}
         self.add(str(path), quarantine)
-        return kept, rows
+        return kept, rows, hooked
 
     def file_rows(self, path: Path | str, kept: pa.Table) -> list[int]:
         """The row numbers in the file of `kept`, the rows read() returned from `path`."""
@@ -390,13 +505,19 @@ def _hash_mismatches(batch: pa.RecordBatch) -> Iterator[Problem]:
     faster than json.dumps over to_pylist; trajectory_id itself rehashes any row that differs
     and has the last word, so an encoding difference can cost time but never a good row.
     """
+    if not batch.num_rows:
+        return
     messages = pl.col("messages").list.eval(pl.struct(pl.element().struct.field("content"), pl.element().struct.field("role")))
     canonical = pl.from_arrow(batch.select(list(ID_FIELDS))).select(
         pl.struct([messages if name == "messages" else pl.col(name) for name in sorted(ID_FIELDS)]).struct.json_encode()
-    ).to_series()
+    ).to_series().to_arrow().cast(pa.large_string())
+    # Hashed straight from the Arrow buffer: no Python string per row.
+    offsets = np.frombuffer(canonical.buffers()[1], dtype=np.int64, count=len(canonical) + 1, offset=canonical.offset * 8).tolist()
+    text = memoryview(canonical.buffers()[2] or b"")
+    sha256 = hashlib.sha256
     ids = batch.column("trajectory_id").to_pylist()
-    for r, text in enumerate(canonical):
-        if hashlib.sha256(text.encode()).hexdigest()[:16] == ids[r]:
+    for r in range(len(ids)):
+        if sha256(text[offsets[r] : offsets[r + 1]]).hexdigest()[:16] == ids[r]:
             continue
         expected = trajectory_id(batch.slice(r, 1).select(list(ID_FIELDS)).to_pylist()[0])
         if ids[r] != expected:

@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from storage.parquet import TableWriter
 from storage.schema import get_schema, to_table
-from storage.validate import BATCH_ROWS, StageInputs, read_rows, row_json
+from storage.validate import BATCH_ROWS, CheckPool, StageInputs, read_rows, row_json
 from tasks.plots import histogram, write_plot
 
 Mode = Literal["per_context", "global", "min_max"]
@@ -111,7 +111,9 @@ SORT_BLOCK_ROWS = 50_000
 WRITE_ROWS = 20_000  # rows turned into one Arrow table for the writers at a time
 
 
-def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir: Path, phases: dict | None = None) -> dict:
+def run_standardize(
+    params, trajectory_files: list[Path], labels: Path, out_dir: Path, phases: dict | None = None, workers: int | None = None
+) -> dict:
     """Joins trajectories with their labels; writes train.parquet (the training table),
     export/train.parquet (for datasets / TRL), metrics.json and the histograms
     plots/standardized_reward.json and plots/weight.json.
@@ -122,22 +124,23 @@ def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir:
     SORT_BLOCK_ROWS at a time (spilled to a temporary directory past one block) and written
     WRITE_ROWS at a time. The files are byte for byte what one write of the whole table gives.
     `phases`, when given, gets the seconds of each phase (read_check, of which check; join;
-    standardize; export)."""
+    standardize; export). Input files of POOL_MIN_ROWS rows or more are row-checked in
+    `workers` processes (default: up to 2, one per core; 1: in-process)."""
     t0 = time.time()
     clock = _Phases(phases)
     s = params.standardize
     inputs = StageInputs()
     frames = []
     unlabelled_raw: dict[str, dict[int, str]] = {}
-    label_ids = _label_ids(labels)
-    for path in trajectory_files:
-        hook = _RawsOfUnlabelled(label_ids, s.splits, unlabelled_raw.setdefault(str(path), {}))
-        kept, rows = inputs.read_columns(path, "trajectories", KEY_COLUMNS, hook)
-        frames.append(pl.from_arrow(kept).with_columns(_file=pl.lit(str(path)), _row=pl.Series(rows, dtype=pl.Int64)))
+    with CheckPool({"trajectories": _RawsOfUnlabelled(_label_ids(labels), s.splits)}, workers) as pool:
+        for path in trajectory_files:
+            kept, rows, raws = inputs.read_columns(path, "trajectories", KEY_COLUMNS, pool)
+            unlabelled_raw[str(path)] = {row: raw for part in raws for row, raw in part.items()}
+            frames.append(pl.from_arrow(kept).with_columns(_file=pl.lit(str(path)), _row=pl.Series(rows, dtype=pl.Int64)))
+        lab = pl.from_arrow(inputs.read_columns(labels, "labels", ["trajectory_id", "reward", "status"], pool)[0])
     trajs = pl.concat(frames, how="vertical")
     rows_in = trajs.height
     trajs = trajs.filter(pl.col("split").is_in(s.splits))
-    lab = pl.from_arrow(inputs.read_columns(labels, "labels", ["trajectory_id", "reward", "status"])[0])
     clock.lap("read_check", check=inputs.check_seconds)
     joined = trajs.join(lab, on="trajectory_id", how="left", maintain_order="left")
     # A trajectory whose label row is missing or was quarantined has no reward to standardize.
@@ -177,28 +180,36 @@ def run_standardize(params, trajectory_files: list[Path], labels: Path, out_dir:
     return metrics
 
 
-def _label_ids(labels: Path) -> set[str]:
-    """The trajectory IDs the labels file names, unchecked (the checks come later, in the
-    stage's order); empty when it cannot be read, which its checked read will then report."""
+def _label_ids(labels: Path) -> np.ndarray:
+    """Hashes of the trajectory IDs the labels file names, sorted, unchecked (the checks come
+    later, in the stage's order); empty when it cannot be read, which its checked read will
+    then report. Hashes, as they are small to hold and to send to the check workers."""
     try:
-        return set(pq.read_table(labels, columns=["trajectory_id"]).column(0).to_pylist())
+        ids = pq.read_table(labels, columns=["trajectory_id"]).column(0)
     except (pa.ArrowException, OSError, KeyError):
-        return set()
+        return np.zeros(0, dtype=np.uint64)
+    return np.sort(_id_hashes(ids))
+
+
+def _id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return pl.Series(ids).hash(seed=0).to_numpy()
 
 
 class _RawsOfUnlabelled:
-    """While the trajectories are checked: the raw JSON (for the quarantine) of each kept row of
-    the splits taken that no label row names, so it need not be read again."""
+    """While the trajectories are checked (in CheckPool's workers): {row: raw JSON} (for the
+    quarantine) of each kept row of the splits taken that no label row names, so it need not
+    be read again. A hash collision only leaves a raw to be read again (_raws)."""
 
-    def __init__(self, label_ids: set[str], splits: list[str], into: dict[int, str]) -> None:
-        self.label_ids, self.splits, self.into = label_ids, pa.array(splits, pa.string()), into
+    def __init__(self, label_hashes: np.ndarray, splits: list[str]) -> None:
+        self.label_hashes, self.splits = label_hashes, pa.array(splits, pa.string())
 
-    def __call__(self, start: int, batch: pa.RecordBatch, keep: np.ndarray) -> None:
+    def __call__(self, start: int, batch: pa.RecordBatch, keep: np.ndarray) -> dict[int, str]:
         taken = keep & pc.is_in(batch.column("split"), value_set=self.splits).to_numpy(zero_copy_only=False)
-        ids = batch.column("trajectory_id").to_pylist()
-        rows = [r for r in np.flatnonzero(taken).tolist() if ids[r] not in self.label_ids]
-        if rows:
-            self.into.update(zip((start + r for r in rows), row_json(pa.Table.from_batches([batch]), rows)))
+        h = _id_hashes(batch.column("trajectory_id"))
+        at = np.minimum(np.searchsorted(self.label_hashes, h), max(len(self.label_hashes) - 1, 0))
+        labelled = self.label_hashes[at] == h if len(self.label_hashes) else np.zeros(len(h), dtype=bool)
+        rows = np.flatnonzero(taken & ~labelled).tolist()
+        return dict(zip((start + r for r in rows), row_json(pa.Table.from_batches([batch]), rows)))
 
 
 def _raws(path: str, rows: list[int], known: dict[int, str]) -> list[str]:

@@ -29,8 +29,10 @@ def test_data_scale_bench_small():
     assert re.search(r"\d+\.\dx$", rows["total"]), rows["total"]
     checks = next(ln for ln in out.splitlines() if "of which row checks" in ln)
     assert float(re.findall(r"[\d.]+", checks.split(")", 1)[1])[0]) > 0
+    cpu = next((ln for ln in out.splitlines() if ln.startswith("CPU time, all processes")), None)
+    assert cpu is not None and all(float(x) > 0 for x in re.findall(r"[\d.]+", cpu.split(")", 1)[1])[:3]), out
     assert "outputs agree with pandas: yes (" in out, out
     record = json.loads((ROOT / "bench" / "out" / "data_scale.json").read_text())
     assert record["n"] == 20_000 and record["agree"]["pandas"]["agree"] is True
     assert record["ours"]["rows_out"] == record["pandas"]["rows_out"] > 0
-    assert record["ours"]["rows_in"] == 20_000 and record["ours"]["peak_mb"]["total"] > 0
+    assert record["ours"]["rows_in"] == 20_000 and record["ours"]["peak_mb"]["total"] > 0 and record["ours"]["cpu_seconds"] > 0

@@ -126,6 +126,7 @@ def test_streaming_in_small_batches_and_blocks_writes_the_same_bytes(faulty_inpu
     monkeypatch.setattr(stage, "BATCH_ROWS", 7)
     monkeypatch.setattr(stage, "SORT_BLOCK_ROWS", 25)  # many blocks, spilled to disk
     monkeypatch.setattr(stage, "WRITE_ROWS", 10)
+    monkeypatch.setattr(validate, "POOL_MIN_ROWS", 0)  # checked in worker processes
     phases = {}
     pieces = stage.run_standardize(params, files, labels, tmp_path / "pieces", phases=phases)
     assert _outputs(tmp_path / "whole") == _outputs(tmp_path / "pieces")
@@ -151,10 +152,34 @@ def test_scan_checked_keeps_and_quarantines_what_read_checked_does(faulty_inputs
     kept, quarantine = validate.read_checked(path, "trajectories")
     monkeypatch.setattr(validate, "BATCH_ROWS", 9)
     columns = ["trajectory_id", "task_id"]
-    scanned, rows, scanned_quarantine, seconds = validate.scan_checked(path, "trajectories", columns)
-    assert scanned.equals(kept.select(columns)) and scanned_quarantine.equals(quarantine) and seconds > 0
+    scanned, rows, scanned_quarantine, seconds, hooked = validate.scan_checked(path, "trajectories", columns)
+    assert scanned.equals(kept.select(columns)) and scanned_quarantine.equals(quarantine) and seconds > 0 and hooked == []
     assert quarantine.num_rows == 3 and len(rows) + quarantine.num_rows == pq.ParquetFile(path).metadata.num_rows
     assert pc.all(pc.equal(pq.read_table(path).take(pa.array(rows)).column("trajectory_id"), kept.column("trajectory_id"))).as_py()
+
+
+def _kept_rows(start, batch, keep):
+    return (start, batch.num_rows, int(keep.sum()))
+
+
+def test_check_pool_gives_in_process_results_in_file_order(faulty_inputs, tmp_path, monkeypatch):
+    # Row groups of 10 rows, a task per 2 groups: the workers' results come back in many pieces.
+    path = tmp_path / "groups.parquet"
+    table = pq.read_table(faulty_inputs[0][0])
+    pq.write_table(table, path, row_group_size=10)
+    columns = ["trajectory_id", "task_id"]
+    alone = validate.scan_checked(path, "trajectories", columns, validate.CheckPool({"trajectories": _kept_rows}, workers=1))
+    monkeypatch.setattr(validate, "POOL_MIN_ROWS", 0)
+    monkeypatch.setattr(validate, "TASK_ROWS", 20)
+    with validate.CheckPool({"trajectories": _kept_rows}, workers=2) as pool:
+        pooled = validate.scan_checked(path, "trajectories", columns, pool)
+        assert pool._executor is not None  # the workers did the checks
+    assert pooled[0].equals(alone[0]) and np.array_equal(pooled[1], alone[1]) and pooled[2].equals(alone[2]) and pooled[3] > 0
+    assert pooled[2].num_rows == 3 and pooled[2].column("source_file")[0].as_py() == str(path)
+    # The hook saw every batch, in file order: in-process one batch, in the pool one per task.
+    # (Rows the batch checks keep: duplicates are only found afterwards, across batches.)
+    assert len(alone[4]) == 1 and alone[4][0][:2] == (0, table.num_rows) and alone[4][0][2] > len(alone[1])
+    assert [h[0] for h in pooled[4]] == list(range(0, table.num_rows, 20)) and sum(h[2] for h in pooled[4]) == alone[4][0][2]
 
 
 def test_table_writer_writes_write_tables_bytes(tmp_path):
