@@ -66,7 +66,7 @@ class Recorder:
         return getattr(self.inner, name)  # collect's metrics read the cache's and backend's stats
 
 
-def bench_params(tasks: int, m: int, max_turns: int | None, cache_dir: Path) -> Params:
+def bench_params(tasks: int, m: int, max_turns: int | None, cache_dir: Path, model: Path | None = None) -> Params:
     raw = load_params(ROOT / "params.yaml").model_dump()
     if max_turns:
         raw["env"]["max_turns"] = max_turns
@@ -74,7 +74,7 @@ def bench_params(tasks: int, m: int, max_turns: int | None, cache_dir: Path) -> 
     if "scale" in raw["collect"]:
         raw["collect"]["scale"] |= {"shards": 1, "runner": "local"}  # the unsharded run: one generator to record
     raw["cache"] = {"path": str(cache_dir / "responses.sqlite")}
-    raw["roles"]["policy"]["model"] = str(ROOT / raw["roles"]["policy"]["model"])
+    raw["roles"]["policy"]["model"] = str(model or ROOT / raw["roles"]["policy"]["model"])
     return Params.model_validate(raw)
 
 
@@ -145,6 +145,7 @@ def main() -> None:
     ap.add_argument("--max-turns", type=int, default=None, help="shorter games (default: params.yaml's env.max_turns)")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, one per core)")
     ap.add_argument("--small", action="store_true", help="CI size: 2 tasks x 2, 5 turns, 4 games one at a time")
+    ap.add_argument("--model", type=Path, default=None, help="the policy (default: params.yaml's, the bootstrap model)")
     ap.add_argument("--out", type=Path, default=ROOT / "bench/out/rollouts.json")
     args = ap.parse_args()
     if args.small:
@@ -152,7 +153,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     work = Path(tempfile.mkdtemp(prefix="rollouts-bench-"))
-    params = bench_params(args.tasks, args.m or load_params(ROOT / "params.yaml").collect.m, args.max_turns, work / "cache0")
+    params = bench_params(args.tasks, args.m or load_params(ROOT / "params.yaml").collect.m, args.max_turns, work / "cache0", args.model)
     role = params.roles.policy
 
     # collect and raw alternate, each on a fresh generator (and collect on a fresh cache), and

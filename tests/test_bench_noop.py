@@ -17,7 +17,7 @@ def test_noop_rerun_bench_small():
         cwd=ROOT, text=True, capture_output=True, timeout=1200,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    rows = {m[1].strip(): float(m[2]) for m in re.finditer(r"^(full run|no-op rerun \(median of 1\)|standardize param changed)\s+([\d.]+)", out.stdout, re.MULTILINE)}
+    rows = {m[1].strip(): float(m[2]) for m in re.finditer(r"^(full run|no-op rerun \(median of 1\)|standardize param changed)\s+(\d+\.\d+)", out.stdout, re.MULTILINE)}
     assert len(rows) == 3, out.stdout
     assert 0 < rows["no-op rerun (median of 1)"] < rows["full run"] / 5
     assert re.search(r"^full run / no-op rerun: \d+x$", out.stdout, re.MULTILINE)
