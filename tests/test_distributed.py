@@ -32,7 +32,11 @@ SHORT = CONV[:3] + [{"role": "user", "content": "Answer: no. Game over."}]
 
 def _train_params(model: Path, nproc: int, batch_size: int) -> Params:
     raw = tiny_params({"train": {"base_model": str(model), "nproc_per_node": nproc, "batch_size": batch_size, "epochs": 3,
-                                 "learning_rate": 3.0e-3, "deepspeed": str(ROOT / "tasks/train/deepspeed_zero3.json")}})
+                                 "learning_rate": 3.0e-3, "deepspeed": str(ROOT / "tasks/train/deepspeed_zero3.json"),
+                                 # float32 on both sides: on a CPU with bfloat16 (AMX) "auto" turns on
+                                 # DeepSpeed's bf16 on the ranks and autocast in the single process,
+                                 # two roundings that differ by ~1e-4 after a step.
+                                 "bf16": False}})
     raw["train"]["methods"] = {"sft": {"algorithm": "sft"}, "refit": {"algorithm": "refit"}}  # the plain loss and a weighted one
     return Params.model_validate(raw)
 

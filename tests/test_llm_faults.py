@@ -217,6 +217,9 @@ def _kill_inside_a_transaction(path: Path, run: str) -> int:
                     proc.send_signal(signal.SIGCONT)
                 except sqlite3.OperationalError as e:
                     assert "locked" in str(e)
+                    # Closed first: the last connection to close checkpoints the WAL and deletes it,
+                    # and the probe must not be that one (the killed writer's WAL is to be left).
+                    probe.close()
                     proc.send_signal(signal.SIGKILL)
                     break
                 finally:
