@@ -88,19 +88,19 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
         load_params()  # fail before any work on a bad params.yaml
     except (ParamsError, ValueError) as e:
         refuse(str(e))
-    if only and (stale := p.stale_upstream(stage)):
-        refuse(f"--only {stage}: its inputs are stale ({', '.join(stale)} changed); run `retrosight run {stage}` to rerun them too")
-    t0 = time.time()
-    experiment = name or (run_name("run", None) if set_param else None)
-    if experiment and experiment in {v.name for v in list_versions(Path("."))}:
-        refuse(f"--name {experiment}: a version of that name exists (see `retrosight versions`); choose another")
-    if stage is None and not force and not experiment and not p.stale_stages():
-        console.print(f"Pipeline is up to date; nothing to run ({time.time() - t0:.1f}s).")
-        return
-    todo = [stage] if only else p.downstream(stage) if stage else names
     try:
+        if only and (stale := p.stale_upstream(stage)):
+            refuse(f"--only {stage}: its inputs are stale ({', '.join(stale)} changed); run `retrosight run {stage}` to rerun them too")
+        t0 = time.time()
+        experiment = name or (run_name("run", None) if set_param else None)
+        if experiment and experiment in {v.name for v in list_versions(Path("."))}:
+            refuse(f"--name {experiment}: a version of that name exists (see `retrosight versions`); choose another")
+        if stage is None and not force and not experiment and not p.stale_stages():
+            console.print(f"Pipeline is up to date; nothing to run ({time.time() - t0:.1f}s).")
+            return
+        todo = [stage] if only else p.downstream(stage) if stage else names
         result = p.pipeline(todo, force=force)
-    except p.StageFailed as e:  # DVC and the stage already printed the cause above
+    except p.StageFailed as e:  # a stage's cause is printed above it; DVC's own, in the message
         _fail(str(e))
     for stage_name, outcome in result.items():
         console.print(f"  {stage_name}: {outcome}")

@@ -65,9 +65,12 @@ def dvc(*args: str, check: bool = True, capture: bool = False, env_extra: dict |
     env = {**os.environ, **(env_extra or {})}
     # Stage commands call `retrosight`, which lives beside this interpreter.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    return subprocess.run(
-        [sys.executable, "-m", "dvc", *args], check=check, env=env, text=True, capture_output=capture
-    )
+    result = subprocess.run([sys.executable, "-m", "dvc", *args], env=env, text=True, capture_output=capture)
+    if check and result.returncode != 0:
+        # Captured output would otherwise be lost behind a bare exit status.
+        said = (result.stderr or result.stdout or "").strip() if capture else "its output is above"
+        raise StageFailed(f"dvc {' '.join(args)} failed (exit {result.returncode}): {said}")
+    return result
 
 
 def stage_names(dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:

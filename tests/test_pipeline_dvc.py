@@ -13,6 +13,25 @@ import yaml
 from conftest import BIN, project_env, run, tiny_params
 
 
+def _wait_until_gone(group: int, timeout: float = 60) -> None:
+    """Until no process of the killed group is left. SIGKILL is sent at once, but a killed
+    process stays in the process table until it is reaped (the orphaned `dvc repro` by init),
+    and until then DVC's lock sees its PID alive and refuses the rerun as busy."""
+    deadline = time.time() + timeout
+    while True:
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if os.getpgid(int(pid)) == group:
+                    left.append(pid)
+            except OSError:  # gone meanwhile
+                pass
+        if not left:
+            return
+        assert time.time() < deadline, f"processes {left} of the killed run are still there after {timeout} s"
+        time.sleep(0.1)
+
+
 STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "train", "evaluate"]
 
 
@@ -85,6 +104,7 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project, faults):
     time.sleep(2)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait()
+    _wait_until_gone(killed.pid)
     for f in (project / "data").rglob("*.parquet"):
         pq.read_metadata(f)  # whatever a reader can see is a whole file
     third = run([str(BIN / "retrosight"), "run"], project)
@@ -121,3 +141,14 @@ def test_bad_params_stop_the_run_with_the_key_named(project):
     result = run([str(BIN / "retrosight"), "run"], project, check=False)
     assert result.returncode != 0
     assert "collect.temprature: unknown key" in result.stdout + result.stderr
+
+
+def test_a_dvc_failure_is_one_error_line_with_dvc_s_reason(project):
+    # A kill in the middle of DVC's own lock write leaves the file cut short: the run stops with
+    # DVC's words instead of a traceback around a bare exit status.
+    (project / ".dvc" / "tmp").mkdir(parents=True, exist_ok=True)
+    (project / ".dvc" / "tmp" / "rwlock").write_text('{"write": {')
+    result = run([str(BIN / "retrosight"), "run"], project, check=False)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "error: dvc status --json failed (exit 1)" in result.stdout and "rwlock" in result.stdout, result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
