@@ -32,6 +32,11 @@ class Completion:
         return self.error is None
 
 
+class BackendUnavailable(RuntimeError):
+    """The backend cannot be reached (an endpoint refused at a stage's start, or a server that
+    had answered went away): an expected failure, said in one line naming the server."""
+
+
 class Generator(Protocol):
     backend: str  # hf | vllm | openai
     model_id: str  # names the weights: the cache key and a row's policy_id
