@@ -22,7 +22,7 @@ from storage.schema import to_table
 from storage.validate import StageInputs, row_json
 from tasks.params import Params
 from tasks.roles import account, call_parsed, check_failure_rate, generation_stats, make_generator, policy_generator, role_sampling
-from tasks.rollout import Episode, LMAgent, Simulator, derive_seed, episode_from_prefix, episode_stats, play
+from tasks.rollout import Episode, LMAgent, Simulator, ask, derive_seed, episode_from_prefix, episode_stats, play
 from tasks.simulator import check_simulator, llm_answer, make_simulator, simulator_stats
 
 
@@ -43,7 +43,7 @@ def splice_all(params: Params, pairs: list[tuple[dict, dict]], simulator: Simula
         ep.branch_turn, ep.relabel_id = relabel["branch_turn"], relabel["relabel_id"]
         episodes.append(ep)
     texts = [relabel["counterfactual_text"] for _, relabel in pairs]
-    answers = simulator.answer(episodes, [Episode.read(t)[1] for t in texts]) if simulator and episodes else [None] * len(episodes)
+    answers = ask(simulator, episodes, texts)
     for ep, text, answer in zip(episodes, texts, answers, strict=True):
         ep.apply(text, answer)
     return episodes

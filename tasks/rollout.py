@@ -15,10 +15,12 @@ from typing import Protocol
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from envs.twenty_questions.format import (
+    EMPTY_REPLY,
     ActionParseError,
     final_message,
     observation_message,
     parse_action,
+    recorded_reply,
     render_action,
     system_prompt,
 )
@@ -71,16 +73,19 @@ class Episode:
     @staticmethod
     def read(text: str) -> tuple[str, str, bool]:
         """(reason, question, parsed) of an action text. An unparseable output still costs a
-        turn: the simulator hears the raw text, exactly as a sloppy agent would be treated."""
+        turn: the simulator hears the raw text, exactly as a sloppy agent would be treated; an
+        empty one is the question EMPTY_REPLY."""
         try:
             action = parse_action(text)
             return action.reason, action.question, True
         except ActionParseError:
-            return "", text.strip(), False
+            return "", recorded_reply(text).strip(), False
 
     def apply(self, text: str, answer: Answer | None = None) -> None:
         """Execute one action text: parse it, let the simulator answer (by default the
-        knowledge-base oracle), log the turn."""
+        knowledge-base oracle), log the turn. An empty reply is logged as EMPTY_REPLY, in the
+        message and as the turn's action, so the row says what happened and passes the checks."""
+        text = recorded_reply(text)
         reason, question, parsed = self.read(text)
         self.parse_failures += not parsed
         step = self.game.step(question, answer)
@@ -177,8 +182,8 @@ class LMAgent:
         texts = []
         for ep, c in zip(episodes, completions, strict=True):
             if not c.ok:
-                # The backend gave up on this turn: it is played as an empty (unparseable)
-                # action and counted, so the episode's row still says what happened.
+                # The backend gave up on this turn: it is played as an empty reply (EMPTY_REPLY)
+                # and counted, so the episode's row still says what happened.
                 ep.generation_failures += 1
             texts.append(c.text if c.ok else "")
         return texts
@@ -209,10 +214,26 @@ class Simulator(Protocol):
     def answer(self, episodes: Sequence[Episode], questions: list[str]) -> list[Answer]: ...
 
 
+def ask(simulator: Simulator | None, episodes: Sequence[Episode], texts: list[str]) -> list[Answer | None]:
+    """The simulator's answers to the actions `texts` of `episodes`, asked in one batch; None
+    where the knowledge-base oracle answers: every action without a simulator, and an empty
+    reply always (it asks nothing, so the oracle's "unknown" stands and no LLM is asked to
+    make up an answer to it)."""
+    answers: list[Answer | None] = [None] * len(texts)
+    if simulator is None:
+        return answers
+    questions = [Episode.read(t)[1] for t in texts]
+    asked = [i for i, q in enumerate(questions) if q != EMPTY_REPLY]
+    if asked:
+        for i, a in zip(asked, simulator.answer([episodes[i] for i in asked], [questions[i] for i in asked]), strict=True):
+            answers[i] = a
+    return answers
+
+
 def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rollout", simulator: Simulator | None = None) -> list[Episode]:
     """Step every live episode together until all are done; a progress bar counts finished ones.
     The simulator (default: the knowledge-base oracle) answers every live episode's question in
-    one batch per step."""
+    one batch per step (see ask)."""
     live = [e for e in episodes if not e.done]
     step = 0
     with Progress(
@@ -226,7 +247,7 @@ def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rol
         bar = progress.add_task(label, total=len(episodes), completed=len(episodes) - len(live), turn=0)
         while live:
             texts = agent.act(live, derive_seed(run_seed, label, step))
-            answers = simulator.answer(live, [Episode.read(t)[1] for t in texts]) if simulator else [None] * len(live)
+            answers = ask(simulator, live, texts)
             for ep, text, answer in zip(live, texts, answers, strict=True):
                 ep.apply(text, answer)
             live = [e for e in live if not e.done]

@@ -10,14 +10,16 @@ import pytest
 import yaml
 
 from envs.twenty_questions.format import (
+    EMPTY_REPLY,
     ActionParseError,
     final_message,
     observation_message,
     parse_action,
+    recorded_reply,
     render_action,
     system_prompt,
 )
-from envs.twenty_questions.game import MAX_TURNS, Game, Oracle
+from envs.twenty_questions.game import MAX_TURNS, Answer, Game, Oracle
 from envs.twenty_questions.kb import DATA_PATH, KBError, load_kb
 from envs.twenty_questions.policies import (
     ExpertPolicy,
@@ -378,6 +380,20 @@ def test_parse_action_rejects(text, message):
 
 def test_render_action():
     assert render_action("Known: nothing yet.", "Is it an animal?") == "REASON: Known: nothing yet.\nQUESTION: Is it an animal?"
+
+
+@pytest.mark.parametrize("text", ["", " ", "\n\t \n"])
+def test_an_empty_reply_is_recorded_as_a_marker_that_is_no_action(kb, text):
+    assert recorded_reply(text) == EMPTY_REPLY and EMPTY_REPLY.strip()
+    with pytest.raises(ActionParseError):
+        parse_action(EMPTY_REPLY)
+    # Answered as any text outside the oracle's question set: unknown, and no guess.
+    assert Oracle(kb).answer(kb.split("train")[0], EMPTY_REPLY) == Answer("unknown", is_guess=False, correct=False)
+
+
+def test_a_reply_with_text_is_recorded_as_it_is():
+    for text in (" REASON: x\nQUESTION: Is it red?\n", "?", "\nno format"):
+        assert recorded_reply(text) == text
 
 
 def test_system_prompt_is_short_and_lists_candidates():
