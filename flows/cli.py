@@ -502,3 +502,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+    # torch's threads and their wait policy, before anything loads torch; the stages DVC starts
+    # from here inherit them.
+    from tasks.runtime import apply_from_file
+
+    apply_from_file()

@@ -16,13 +16,16 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from flows.common import DATA, publish
+from tasks import runtime
 from tasks.collect import ShardResult, collect_shard, run_collect
 from tasks.params import Params, ScaleParams, load_params
 
 
 # NO_CACHE: the response cache already memoizes every call; Prefect need not hash the params.
 @task(name="collect-shard", cache_policy=NO_CACHE)
-def collect_shard_task(params: Params, model_dir: str, index: int, shards: int) -> ShardResult:
+def collect_shard_task(params: Params, model_dir: str, index: int, shards: int, workers: int) -> ShardResult:
+    # The workers on one machine share its cores: each takes its share of runtime.threads.
+    runtime.apply(params.runtime, workers=workers)
     return collect_shard(params, model_dir, index, shards)
 
 
@@ -43,7 +46,9 @@ def collect_on_dask(params: Params, model_dir: str, out_dir: Path) -> dict:
     workers: list[str] = []
 
     def fan_out(fn, calls: list[tuple]) -> list[ShardResult]:
-        futures = [collect_shard_task.submit(*args) for args in calls]
+        # A remote cluster runs one worker per node (README); a LocalCluster shares this machine.
+        local = 1 if params.collect.scale.address else (params.collect.scale.workers or params.collect.scale.shards)
+        futures = [collect_shard_task.submit(*args, local) for args in calls]
         results = [f.result() for f in futures]
         for i, f in enumerate(futures):
             held = f.wrapped_future.client.who_has(f.wrapped_future)

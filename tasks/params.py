@@ -98,6 +98,14 @@ class CacheParams(Strict):
 
 class NoisyParams(Strict):
     p_random: float = Field(ge=0, le=1)
+class RuntimeParams(Strict):
+    """How this machine runs torch, not what the pipeline computes: no DVC stage depends on it."""
+
+    threads: int | None = Field(None, ge=1)  # torch threads per stage process; null: the cores this process may use
+    # passive: a thread waiting at an OpenMP join sleeps and frees its core (tasks/runtime.py says why)
+    omp_wait_policy: Literal["passive", "active"] = "passive"
+
+
     p_repeat: float = Field(ge=0, le=1)
     p_early_guess: float = Field(ge=0, le=1)
 
@@ -271,6 +279,7 @@ class Params(Strict):
     cache: CacheParams = CacheParams()
     bootstrap: BootstrapParams
     collect: CollectParams
+    runtime: RuntimeParams = RuntimeParams()
     relabel: RelabelParams
     regenerate: RegenerateParams
     standardize: StandardizeParams

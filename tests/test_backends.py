@@ -76,7 +76,7 @@ def vllm_gen(model_dir):
 # --- vLLM in process -------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_vllm_greedy_matches_the_hf_backend(vllm_gen, model_dir):
     from models.hf import HFGenerator
 
@@ -88,7 +88,7 @@ def test_vllm_greedy_matches_the_hf_backend(vllm_gen, model_dir):
     assert vllm_gen.backend == "vllm" and vllm_gen.model_id == hf.model_id
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_vllm_a_requests_text_does_not_depend_on_its_batch(vllm_gen):
     seeds = [11, 12, 13, 14]
     together = vllm_gen.generate(CONVS, SAMPLED, seeds)
@@ -101,7 +101,7 @@ def test_vllm_a_requests_text_does_not_depend_on_its_batch(vllm_gen):
     assert twice[0] == together[0] and twice[1] != twice[0]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_vllm_a_failing_request_fails_alone(vllm_gen):
     too_long = [{"role": "user", "content": "Turn 1 of 20. " * 600}]  # far past max_model_len
     before = dict(vllm_gen.stats)
@@ -166,7 +166,7 @@ def _settled(completions: list[Completion]) -> list[str]:
     return [c.text.rstrip("\ufffd").strip() for c in completions]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_openai_backend_on_vllm_serve(vllm_server, vllm_gen):
     gen = OpenAIGenerator("tiny", base_url=vllm_server, api_key_env=None, concurrency=4, timeout=60, max_retries=1)
     assert gen.backend == "openai" and gen.model_id == "tiny@127.0.0.1"
@@ -322,7 +322,7 @@ def _backend_calls(metrics: dict, what: str = "misses") -> int:
     return total
 
 
-@pytest.mark.slow
+@pytest.mark.system
 @pytest.mark.parametrize("backend", ["hf", "vllm", "openai"])
 def test_every_role_on_an_llm_backend_end_to_end(backend, model_dir, tmp_path, request):
     """The plumbing, not the text (the model is untrained): every role runs on the backend,

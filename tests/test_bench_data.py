@@ -2,11 +2,15 @@
 stage's training table agrees with the pandas implementation's."""
 from __future__ import annotations
 
+import pytest
+
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[1]
 

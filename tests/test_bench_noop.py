@@ -9,8 +9,9 @@ import sys
 import pytest
 from conftest import ROOT
 
+pytestmark = pytest.mark.system
 
-@pytest.mark.slow
+
 def test_noop_rerun_bench_small():
     out = subprocess.run(
         [sys.executable, "bench/noop_rerun.py", "--small", "--repeats", "1"],

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from fault_double import write_logged_games
 
+pytestmark = pytest.mark.system
+
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
 
@@ -56,7 +58,7 @@ def test_rollouts_bench_small(tmp_path, tiny_model_dir):
     assert data["collect_over_raw"] == pytest.approx(collect_vs_raw, abs=1e-3)
 
 
-@pytest.mark.slow  # vLLM's engine takes 30-60 s to start here
+# vLLM's engine takes 30-60 s to start here
 def test_backends_bench_small(tmp_path, tiny_model_dir):
     out_json = tmp_path / "backends.json"
     logged = write_logged_games(tmp_path / "trajectories.parquet", 2, 20)  # the prompts: 4 logged games

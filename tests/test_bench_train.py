@@ -6,7 +6,10 @@ import sys
 from pathlib import Path
 
 import polars as pl
+import pytest
 import torch
+
+pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[1]
 

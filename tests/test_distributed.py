@@ -19,6 +19,8 @@ from conftest import ROOT, project_env, stop_process, tiny_params
 from storage.parquet import write_table
 from tasks.params import Params
 
+pytestmark = pytest.mark.system
+
 CONV = [
     {"role": "system", "content": "You play twenty questions."},
     {"role": "user", "content": "Turn 1 of 20. Ask a yes-no question."},

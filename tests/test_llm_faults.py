@@ -232,6 +232,7 @@ def _kill_inside_a_transaction(path: Path, run: str) -> int:
     return sum(word == "commit" for word, _ in lines)
 
 
+@pytest.mark.system
 def test_a_writer_killed_mid_transaction_leaves_a_whole_cache(tmp_path, faults):
     import hashlib
 
@@ -270,6 +271,7 @@ gen.generate([[{"role": "user", "content": f"question {i}"}] for i in range(n)],
 """
 
 
+@pytest.mark.system
 def test_an_api_run_killed_mid_batch_keeps_every_answer_it_was_paid_for(tmp_path, faults):
     n, path = 24, tmp_path / "responses.sqlite"
     with running(hang_seconds=120) as double:

@@ -8,9 +8,12 @@ import subprocess
 import time
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from conftest import BIN, project_env, run, tiny_params
+
+pytestmark = pytest.mark.system
 
 
 def _wait_until_gone(group: int, timeout: float = 60) -> None:

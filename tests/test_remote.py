@@ -16,6 +16,8 @@ import yaml
 
 from conftest import BIN, ROOT, free_port, project_env, run, stop_process
 
+pytestmark = pytest.mark.system
+
 BUCKET = "retrosight-data"
 PREFIX = "team/retrosight"
 KEY_ID = "AKIARETROSIGHTTEST"

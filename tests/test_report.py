@@ -201,6 +201,7 @@ def check_static(page: str, n_plots: int) -> None:
     assert len(ids) == len(set(ids)), "element ids repeat across the inline SVGs"
 
 
+@pytest.mark.system
 def test_report_of_the_workspace_one_revision_and_two(plots_project, tmp_path):
     repo, first = plots_project
     head_files = {p: (repo / p).read_bytes() for p in ("params.yaml", "data/evaluate/metrics.json", "data/train/loss/omega_method.json")}

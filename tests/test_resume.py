@@ -29,6 +29,8 @@ from tasks.relabel import run_relabel
 from tasks.rollout import ScriptedAgent, derive_seed, new_episode, play
 from tasks.summarize import run_summarize
 
+pytestmark = pytest.mark.system
+
 CHILD = ROOT / "tests" / "stage_child.py"
 KILLS = 3
 MAX_TURNS = 12
@@ -116,7 +118,6 @@ def visible_parquet_is_whole(out: Path) -> None:
         read_table(f)  # raises on a partial file
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("stage", list(OUTPUTS))
 def test_a_stage_killed_at_random_points_resumes_to_identical_bytes(stage, inputs, tiny_model_dir, tmp_path, faults):
     # The uninterrupted run, timed from the moment the stage starts working.

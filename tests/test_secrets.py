@@ -121,7 +121,7 @@ def test_the_scanner_finds_a_key_in_text_base64_and_compressed_parquet(tmp_path)
     assert scan_tree(tmp_path, found)[0] == [f"{tmp_path / 't.parquet'} (decoded Parquet): text"]
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_the_api_key_reaches_only_the_api(project, tmp_path, faults):
     canary = "sk-canary-" + secrets.token_hex(16)
     with running(hang_seconds=3.0) as double:

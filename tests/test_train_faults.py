@@ -158,7 +158,7 @@ class Stage:
         return self.log.read_text()
 
 
-@pytest.mark.slow
+@pytest.mark.system
 def test_a_killed_train_stage_resumes_and_ends_byte_identical(tiny_model_dir, tmp_path, capsys, faults):
     # 48 trajectories, batch 2, 2 epochs: 48 steps per method, logged every 2; checkpoint_steps 5
     # becomes every 6 steps (a multiple of the logging interval), so checkpoints 6, 12, ..., 42.

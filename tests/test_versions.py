@@ -15,7 +15,7 @@ import yaml
 
 from conftest import BIN, ROOT, free_port, make_project, project_env, run, stop_process
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.system
 
 
 def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from tasks import runtime
 from tasks.params import Params, load_params
 
 
@@ -50,7 +51,8 @@ def launch(params: Params, training: Path, out_dir: Path, checkpoint_dir: Path |
         ]
         if checkpoint_dir is not None:
             cmd += ["--checkpoint-dir", str(checkpoint_dir)]
-        env = dict(os.environ)
+        # The ranks share this machine's threads: each gets its share, never the whole.
+        env = {**os.environ, **runtime.thread_env(runtime.threads_for(params.runtime.threads, nproc), params.runtime.omp_wait_policy)}
         if not torch.cuda.is_available():
             env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator: gloo, no device
         print(f"train: {nproc} ranks under torchrun", flush=True)
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
     if not torch.distributed.is_torchelastic_launched():
         ap.error("start this module with torchrun (or set train.nproc_per_node and run the train stage)")
     params = Params.model_validate_json(Path(args.params).read_text()) if args.params.endswith(".json") else load_params(args.params)
+    # Started by hand across nodes, a rank has only its node's share of the cores.
+    runtime.apply(params.runtime, workers=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     from tasks.train import run_train
 
     try:
