@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lock clean-venv
+.PHONY: run test test-all lock clean-venv
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,8 +20,17 @@ $(STAMP): pyproject.toml requirements.lock
 run: $(STAMP)
 	$(BIN)/retrosight run
 
+# The fast tier: everything not marked `system` (unit and component tests, the losses, the
+# storage and validation corpus, the environment, short in-process chains on a tiny model).
+# -rs lists every skipped check with its reason in the summary.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -rs -m "not system" --durations=15
+
+# Everything: the fast tier, then the system tests (a real Prefect server, vLLM and its
+# OpenAI-compatible server, DVC pipelines in temporary repositories, kill-and-resume, DeepSpeed
+# ranks, Dask, the secrets scan, the benchmarks at their small size).
+test-all: test
+	$(BIN)/python -m pytest -q -rs -m system --durations=25
 
 # Refresh the pinned set after changing dependencies in pyproject.toml.
 lock: $(STAMP)
