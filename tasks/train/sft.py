@@ -277,6 +277,9 @@ def train_sft(
             bf16=native_bf16() if bf16 == "auto" else bf16,
             train_sampling_strategy="group_by_length",  # batches of similar length: less padding
             remove_unused_columns=False,  # keep per-trajectory weights for reward-weighted losses
+            # Batches are padded in this process: a loader worker's threads would come on top of
+            # runtime.threads, and the tables are small enough that none is needed.
+            dataloader_num_workers=0,
             # Under torchrun on CPU too: DeepSpeed's CPU accelerator over gloo (tasks/train/launch.py).
             deepspeed=deepspeed if torch.cuda.is_available() or torch.distributed.is_torchelastic_launched() else None,
         )
