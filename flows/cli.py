@@ -39,8 +39,25 @@ def _stage_flows() -> dict:
     }
 
 
+@app.callback()
+def _options(
+    debug: Annotated[bool, typer.Option("--debug", help="Print the traceback of every failure, expected ones too (they are always in .retrosight/logs/).")] = False,
+) -> None:
+    if debug:
+        from flows.common import DEBUG_ENV
+
+        os.environ[DEBUG_ENV] = "1"  # the stage processes DVC starts inherit it
+
+
 def _fail(msg: str) -> None:
-    console.print(f"[red]error:[/] {msg}")
+    import logging
+
+    from rich.markup import escape
+
+    # soft_wrap: one line however long, so a command in it can be pasted whole
+    console.print(f"[red]error:[/] {escape(msg)}", soft_wrap=True)
+    if (log := logging.getLogger("retrosight")).handlers:  # the run's log file (flows.common.log_to_file)
+        log.error("error: %s", msg)
     raise typer.Exit(2)
 
 
@@ -61,6 +78,9 @@ def run(
         _fail(f"unknown stage '{stage}' (stages: {', '.join(names)})")
     if only and stage is None:
         _fail("--only needs a STAGE")
+    from flows.common import log_to_file
+
+    log_to_file("run")
     try:
         with p.workspace_lock("retrosight " + " ".join(sys.argv[1:]), wait, on_wait=console.print):
             _run(stage, force, only, set_param, name)
@@ -108,10 +128,15 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
     if experiment:
         what = " ".join(set_param or []) or "no overrides"
         try:
-            p.save_experiment(experiment, f"retrosight run {stage or ''} {what}".replace("  ", " "))
+            stale = p.save_experiment(experiment, f"retrosight run {stage or ''} {what}".replace("  ", " "))
         except p.StageFailed as e:
             _fail(str(e))
         console.print(f"Saved as DVC experiment [bold]{experiment}[/] (see `retrosight versions`).")
+        if stale:
+            console.print(
+                f"Left stale in it, as in the workspace: {', '.join(stale)} (inputs changed since it ran; its tables are the older ones). "
+                f"`retrosight run {stale[0]}` brings it up to date."
+            )
     if "evaluate" in result:
         results()
 
@@ -139,6 +164,13 @@ def serve(
         CronSchedule(cron=cron, timezone=tz)
     except ValidationError:
         _fail(f"--cron '{cron}' --timezone {tz or 'UTC'}: not a cron expression (five fields, e.g. \"0 3 * * *\") or an unknown time zone")
+    from flows.pipeline import checked_overrides
+    from tasks.params import ParamsError
+
+    try:
+        checked_overrides(set_param or [])  # every scheduled run applies them: refused now, not at 3 am
+    except ParamsError as e:
+        _fail(str(e))
     if not os.environ.get("PREFECT_API_URL"):
         _fail("serve needs a Prefect server: start one with `prefect server start` and set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
     console.print(f"Serving {FLOW_NAME}/{name} on '{cron}'; trigger a run now with `prefect deployment run {FLOW_NAME}/{name}`.")
@@ -178,8 +210,14 @@ def stage_cmd(name: str) -> None:
     flows = _stage_flows()
     if name not in flows:
         _fail(f"unknown stage '{name}' (stages: {', '.join(flows)})")
+    import logging
+
+    from flows.common import expected_failure, log_to_file, stage_inputs
+    from flows.linking import ERROR_FILE_ENV
     from flows.pipeline import PARENT_TASK_ENV
 
+    inputs = stage_inputs(name)
+    log = log_to_file(name, inputs)
     parent = os.environ.get(PARENT_TASK_ENV)
     try:
         if parent:
@@ -189,10 +227,15 @@ def stage_cmd(name: str) -> None:
         else:
             flows[name]()
     except Exception as e:
-        sft = sys.modules.get("tasks.train.sft")  # loaded if the stage trained; importing it costs seconds
-        if sft and isinstance(e, sft.TrainingDiverged):
-            _fail(str(e))  # says what happened and what to try: a traceback would bury it
-        raise
+        if not expected_failure(e, inputs):
+            raise
+        # The reason, in one line; its traceback is in the log (Prefect wrote it there).
+        line = f"{e} [traceback: {log}]"
+        if error_file := os.environ.get(ERROR_FILE_ENV):  # `retrosight run` ends with the line
+            logging.getLogger("retrosight").error("error: %s", line)
+            Path(error_file).write_text(line + "\n")
+            raise typer.Exit(2) from None
+        _fail(line)
 
 
 def _revision(rev: Optional[str]):
@@ -221,8 +264,11 @@ def inspect(
         con = open_catalog(infos=tables)
         if table and not sql:
             info = revision.table(table)
+        stale = revision.stale_stages() if rev else {}
     except (RevisionError, ValueError) as e:
         _fail(str(e))
+    for stage, why in stale.items():  # on stderr: --sql output stays clean to pipe on
+        Console(stderr=True).print(f"note: at {revision.label}, {stage} is stale ({why} since it ran): its tables are from the older inputs", soft_wrap=True)
     if table and not sql:
         # One record per block: these tables are too wide for columns.
         console.print(f"[bold]{info.stage}.{info.table}[/] at {revision.label}: {info.rows} rows, {info.schema_name} v{info.schema_version}")
@@ -303,9 +349,9 @@ def versions(
         console.print("No versions yet: `retrosight run -S key=value` or `--name NAME` saves a run as a DVC experiment; `git commit dvc.lock` records one too.")
         return
     table = Table(title="Versions (oldest first); read one with `retrosight inspect TABLE --rev NAME`")
-    for col in ("name", "kind", "date", "changed params (vs the version before)", "rows", "held-out success"):
+    for col in ("name", "kind", "date", "changed params (vs the version before)", "rows", "held-out success", "stale stages"):
         table.add_column(col, no_wrap=col in ("name", "date"))
-    previous = None
+    previous, any_stale = None, False
     shown = found[-limit:]
     start = len(found) - len(shown)
     if start:
@@ -326,8 +372,12 @@ def versions(
             v.name, v.kind, v.date.replace("T", " ")[:16],
             "\n".join(lines) or ("(first)" if v is found[0] else "-"),
             rows.strip(), _key_metrics(revision.metrics()),
+            ", ".join(stale := revision.stale_stages()) or "-",
         )
+        any_stale = any_stale or bool(stale)
     console.print(table)
+    if any_stale:
+        console.print("stale: the stage's inputs changed after it ran, so its tables in that version come from the older inputs")
 
 
 @app.command()
@@ -497,13 +547,13 @@ def main() -> None:
     # The ephemeral API's first start on a new machine compiles the server and migrates a new
     # database; Prefect's 20 s default was seen to run out on 2 cores.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    app()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
     # torch's threads and their wait policy, before anything loads torch; the stages DVC starts
     # from here inherit them.
     from tasks.runtime import apply_from_file
 
     apply_from_file()
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,7 +1,11 @@
-"""What every stage flow shares: where its data lives and how it reports."""
+"""What every stage flow shares: where its data lives, how it reports, and how a failure is told."""
 from __future__ import annotations
 
 import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -81,3 +85,76 @@ def publish(stage: str, metrics: dict) -> None:
         body += ["| table | column | n | mean | std | min | max |", "|---|---|---|---|---|---|---|", *rewards, ""]
     body += ["<details><summary>metrics</summary>", "", "```json", json.dumps(metrics, indent=2, sort_keys=True), "```", "</details>"]
     create_markdown_artifact(key=f"retrosight-{stage}", markdown="\n".join(body), description=f"{stage}: rows, failures, rewards, time")
+
+
+LOGS = Path(".retrosight/logs")
+DEBUG_ENV = "RETROSIGHT_DEBUG"  # set by `retrosight --debug`; stage processes inherit it
+# Failures a user acts on from their message alone, by module and class. A class is looked up
+# only once its module is loaded (no exception of it can exist before), so the check imports nothing.
+EXPECTED = {
+    "tasks.roles": "RoleFailure",  # a role past its max_failure_rate
+    "tasks.params": "ParamsError",  # a bad param
+    "models.base": "BackendUnavailable",  # a server that cannot be reached
+    "storage.parquet": "SchemaVersionError",  # an input file of another table or schema version
+    "tasks.train.sft": "TrainingDiverged",
+    "flows.pipeline": "StageFailed",  # DVC's own errors, and a stage's, as the pipeline reports them
+}
+
+
+def debug() -> bool:
+    return os.environ.get(DEBUG_ENV) == "1"
+
+
+def expected_failure(e: BaseException, inputs: Sequence[Path] = ()) -> bool:
+    """Whether `e` is a failure said in one line (its traceback helps no user): one of EXPECTED,
+    or a ValueError about one of the stage's input files (storage names the file first,
+    `<path>: not a readable Parquet file: ...`)."""
+    for module, name in EXPECTED.items():
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(e, getattr(loaded, name)):
+            return True
+    return type(e) is ValueError and str(e).startswith(tuple(f"{p}: " for p in inputs))
+
+
+def stage_inputs(stage: str) -> list[Path]:
+    return _stage_files(stage)[0]
+
+
+class _QuietExpected(logging.Filter):
+    """Drops Prefect's console report of an expected failure: the task's or flow's traceback and
+    the "Finished in state Failed" lines after it. The error line says it; the log file keeps it."""
+
+    def __init__(self, inputs: Sequence[Path]):
+        super().__init__()
+        self.inputs, self.seen = inputs, False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and expected_failure(exc, self.inputs):
+            self.seen = True
+            return False
+        return not (self.seen and record.getMessage().startswith("Finished in state Failed"))
+
+
+def log_to_file(name: str, inputs: Sequence[Path] = ()) -> Path:
+    """Send every log record of this process (Prefect's included, tracebacks and all) to
+    .retrosight/logs/<name>.log, rewritten each run, and, unless --debug, keep expected failures'
+    tracebacks off the console."""
+    from prefect.logging.handlers import PrefectConsoleHandler  # importing prefect sets up its handlers
+
+    LOGS.mkdir(parents=True, exist_ok=True)
+    path = LOGS / f"{name}.log"
+    handler = logging.FileHandler(path, mode="w", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)-7s | %(name)s - %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    # Our own lines (the error line at the end) go to the file alone: the console has them already.
+    own = logging.getLogger("retrosight")
+    own.propagate = False
+    own.setLevel(logging.INFO)
+    own.addHandler(handler)
+    if not debug():
+        for h in root.handlers:
+            if isinstance(h, PrefectConsoleHandler):
+                h.addFilter(_QuietExpected(inputs))
+    return path

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -19,6 +21,8 @@ import yaml
 from prefect import flow, get_client, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import get_run_context
+
+from flows.linking import ERROR_FILE_ENV
 
 PARENT_TASK_ENV = "RETROSIGHT_PARENT_TASK_RUN_ID"
 # One pipeline run per workspace: two would interleave stages, params.yaml edits and experiments.
@@ -61,11 +65,11 @@ def workspace_lock(what: str, wait: bool, on_wait: Callable[[str], None] = print
         lock.release()
 
 
-def dvc(*args: str, check: bool = True, capture: bool = False, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+def dvc(*args: str, check: bool = True, capture: bool = False, env_extra: dict | None = None, module: str = "dvc") -> subprocess.CompletedProcess:
     env = {**os.environ, **(env_extra or {})}
     # Stage commands call `retrosight`, which lives beside this interpreter.
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    result = subprocess.run([sys.executable, "-m", "dvc", *args], env=env, text=True, capture_output=capture)
+    result = subprocess.run([sys.executable, "-m", module, *args], env=env, text=True, capture_output=capture)
     if check and result.returncode != 0:
         # Captured output would otherwise be lost behind a bare exit status.
         said = (result.stderr or result.stdout or "").strip() if capture else "its output is above"
@@ -98,27 +102,58 @@ def stale_upstream(stage: str) -> list[str]:
     return [s for s in stage_names() if s in changed and s != stage]
 
 
+def checked_overrides(overrides: list[str]) -> list[str]:
+    """Each `-S` override with its key checked against the params model (ParamsError naming the
+    closest valid keys), as Hydra's `++key=value`: set whether or not params.yaml already holds
+    the key, so a valid key never meets Hydra's "use +key to append" advice. `~key` deletes."""
+    from tasks.params import ParamsError, check_key
+
+    out = []
+    for override in overrides:
+        m = re.fullmatch(r"(~|\+\+|\+)?([^=]*)(=.*)?", override, re.S)
+        prefix, key, value = m.group(1) or "", m.group(2).strip(), m.group(3)
+        if value is None and prefix != "~":
+            raise ParamsError(f"-S {override}: expected key=value (e.g. -S relabel.k=8)")
+        check_key(key)
+        out.append(f"~{key}{value or ''}" if prefix == "~" else f"++{key}{value}")
+    return out
+
+
 def apply_overrides(overrides: list[str], params: Path = Path("params.yaml")) -> None:
     """`-S relabel.k=8`: the same override grammar as `dvc exp run -S` (Hydra), applied to params.yaml."""
     from dvc.exceptions import InvalidArgumentError
     from dvc.utils.hydra import apply_overrides as hydra_apply
 
     try:
-        hydra_apply(params, overrides)
+        hydra_apply(params, checked_overrides(overrides))
     except InvalidArgumentError as e:
         cause = e.__cause__
         raise ValueError(f"{' '.join(overrides)}: {cause or e}") from None
 
 
-def save_experiment(name: str, message: str) -> str:
-    """Record the workspace (params, dvc.lock, metrics, plots; outputs by hash) as DVC experiment `name`."""
+def save_experiment(name: str, message: str) -> list[str]:
+    """Record the workspace (params, dvc.lock, metrics, plots; outputs by hash) as DVC experiment
+    `name`. Returns the stages it holds as stale.
+
+    `dvc exp save` commits the stages it is given with force, recording the deps and params now in
+    the workspace as the ones their outputs came from: given every stage (its default), it would
+    record a stage left stale (collect after `run bootstrap --only`) as up to date beside outputs
+    an older model made. So it is given only the stages that are up to date; a stale one keeps
+    its dvc.lock entry from its last run, and stays stale in the experiment as in the workspace.
+    """
+    stale = stale_stages()
+    lock = Path("dvc.lock")
+    recorded = (yaml.safe_load(lock.read_text()) or {}).get("stages", {}) if lock.exists() else {}
+    fresh = [s for s in stage_names() if s in recorded and s not in stale]
+    if not fresh:
+        raise StageFailed(f"could not save experiment '{name}': no stage is up to date (stale: {', '.join(stale) or 'none'})")
     # Metrics and plots are `cache: false` outputs: git files that a new repository may not have
     # added yet, and `exp save` leaves untracked files out unless told.
     untracked = subprocess.run(
         ["git", "ls-files", "--others", "--exclude-standard", "--", "data", "dvc.lock", "params.yaml"],
         check=True, text=True, capture_output=True,
     ).stdout.split()
-    args = ["exp", "save", "--name", name, "--message", message]
+    args = ["exp", "save", *fresh, "--name", name, "--message", message]
     for path in untracked:
         args += ["--include-untracked", path]
     # An experiment is a git commit; on a machine with no git identity, sign it as the pipeline.
@@ -131,7 +166,7 @@ def save_experiment(name: str, message: str) -> str:
     result = dvc(*args, check=False, capture=True, env_extra=identity)
     if result.returncode != 0:
         raise StageFailed(f"could not save experiment '{name}': {(result.stderr or result.stdout).strip()}")
-    return name
+    return [s for s in stale if s in recorded]
 
 
 def push(remote: str | None = None) -> str:
@@ -158,8 +193,14 @@ def repro(stage: str, force: bool = False) -> str:
     # included, goes straight to the terminal.
     env_extra = {"PREFECT_API_URL": api_url, PARENT_TASK_ENV: str(get_run_context().task_run.id)}
     args = ["repro", "--single-item", *(["--force"] if force else []), stage]
-    result = dvc(*args, check=False, env_extra=env_extra)
+    with tempfile.TemporaryDirectory(prefix="retrosight-") as tmp:
+        # A stage that fails for a reason it can say in one line leaves the line here.
+        error_file = Path(tmp) / "error"
+        result = dvc(*args, check=False, env_extra={**env_extra, ERROR_FILE_ENV: str(error_file)}, module="flows.linking")
+        said = error_file.read_text().strip() if error_file.exists() else ""
     if result.returncode != 0:
+        if said:
+            raise StageFailed(said if said.startswith(f"{stage}: ") else f"{stage}: {said}")
         raise StageFailed(f"stage '{stage}' failed (dvc repro exit {result.returncode}); its output is above")
     return "ran"
 

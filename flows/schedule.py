@@ -43,8 +43,8 @@ def _scheduled(flow_run, overrides, push, report, prefix, logger) -> dict:
     name = run_name(prefix, flow_run.name)
     result = p.pipeline(p.stage_names())
     ran = [s for s, outcome in result.items() if outcome == "ran"]
-    p.save_experiment(name, f"scheduled run {flow_run.name} ({flow_run.id}): {', '.join(ran)}")
-    logger.info("Saved as DVC experiment %s", name)
+    stale = p.save_experiment(name, f"scheduled run {flow_run.name} ({flow_run.id}): {', '.join(ran)}")
+    logger.info("Saved as DVC experiment %s%s", name, f" (stale in it: {', '.join(stale)})" if stale else "")
     out = {"ran": ran, "experiment": name}
     if push:
         out["push"] = p.push()

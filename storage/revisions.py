@@ -118,6 +118,26 @@ class Revision:
                 out[stage] = json.loads(text)
         return out
 
+    def stale_stages(self) -> dict[str, str]:
+        """Stages this revision's dvc.lock records as run from other inputs than the revision's
+        own, each with why: a dep whose hash differs from the one the stage producing it
+        recorded, or a param whose value differs from the params file. (Code deps are not
+        hashed here: `dvc status` sees those, in the workspace.)"""
+        lock = yaml.safe_load(self.read_text("dvc.lock") or "") or {}
+        entries = lock.get("stages") or {}
+        produced = {o["path"]: o.get("md5") for e in entries.values() for o in e.get("outs", [])}
+        files: dict[str, dict] = {}
+        out = {}
+        for stage, entry in entries.items():
+            why = [f"{d['path']} changed" for d in entry.get("deps", []) if d["path"] in produced and d.get("md5") != produced[d["path"]]]
+            for file, values in (entry.get("params") or {}).items():
+                if file not in files:
+                    files[file] = yaml.safe_load(self.read_text(file) or "") or {}
+                why += [f"param {key} changed" for key, value in values.items() if _lookup(files[file], key) != value]
+            if why:
+                out[stage] = ", ".join(why)
+        return out
+
     def _stages(self) -> list[str]:
         text = self.read_text("dvc.yaml")
         return list(yaml.safe_load(text)["stages"]) if text else []
@@ -166,6 +186,18 @@ class Revision:
 
     def row_counts(self) -> dict[str, int]:
         return {f"{t.stage}.{t.table}": t.rows for t in self.tables()}
+
+
+_MISSING = object()
+
+
+def _lookup(d: dict, key: str) -> object:
+    """params["relabel"]["k"] for "relabel.k", as DVC reads a stage's param; _MISSING if absent."""
+    for part in key.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return _MISSING
+        d = d[part]
+    return d
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, object]:

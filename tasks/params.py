@@ -1,8 +1,10 @@
 """params.yaml, validated. A misspelt key or a wrong type is an error naming it."""
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Literal
+from types import UnionType
+from typing import Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -96,8 +98,6 @@ class CacheParams(Strict):
     path: str = ".retrosight/cache/responses.sqlite"  # every LLM role's responses; a memo, not versioned data
 
 
-class NoisyParams(Strict):
-    p_random: float = Field(ge=0, le=1)
 class RuntimeParams(Strict):
     """How this machine runs torch, not what the pipeline computes: no DVC stage depends on it."""
 
@@ -106,6 +106,8 @@ class RuntimeParams(Strict):
     omp_wait_policy: Literal["passive", "active"] = "passive"
 
 
+class NoisyParams(Strict):
+    p_random: float = Field(ge=0, le=1)
     p_repeat: float = Field(ge=0, le=1)
     p_early_guess: float = Field(ge=0, le=1)
 
@@ -277,9 +279,9 @@ class Params(Strict):
     env: EnvParams
     roles: Roles
     cache: CacheParams = CacheParams()
+    runtime: RuntimeParams = RuntimeParams()
     bootstrap: BootstrapParams
     collect: CollectParams
-    runtime: RuntimeParams = RuntimeParams()
     relabel: RelabelParams
     regenerate: RegenerateParams
     standardize: StandardizeParams
@@ -308,3 +310,53 @@ def load_params(path: str | Path = "params.yaml") -> Params:
             msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
             lines.append(f"  {key}: {msg}")
         raise ParamsError(f"{path}: invalid parameters\n" + "\n".join(lines)) from None
+
+
+def check_key(key: str) -> None:
+    """ParamsError unless the dotted `key` (as in `-S relabel.k=8`) names a param of the model:
+    a section or a field, where a dict-valued field (train.methods) takes a name of the user's
+    own. The error offers the closest valid names, so a typo is caught before Hydra's advice to
+    append it."""
+    node: object = Params
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        here = ".".join(parts[:i])
+        names = _keys_under(node)
+        if names is None:
+            raise ParamsError(f"unknown param '{key}': {here} is a value, with no keys under it")
+        if names == "*" and part:  # a dict of the user's own names
+            node = _dict_value(node)
+            continue
+        if part in names:
+            node = names[part]
+            continue
+        close = difflib.get_close_matches(part, list(names), n=3, cutoff=0.6)
+        rest = parts[i + 1 :]
+        hint = (
+            f"did you mean {' or '.join('.'.join([*parts[:i], c, *rest]) for c in close)}?" if close
+            else f"{here or 'params.yaml'} has: {', '.join(names)}"
+        )
+        raise ParamsError(f"unknown param '{key}' ({hint})")
+
+
+def _members(annotation: object) -> list[object]:
+    """The types an annotation allows: `X | None` is X (None has no keys)."""
+    if get_origin(annotation) in (Union, UnionType):
+        return [a for a in get_args(annotation) if a is not type(None)]
+    return [annotation]
+
+
+def _keys_under(annotation: object) -> dict[str, object] | str | None:
+    """The keys one level below a field of this type: a model's fields, a dict's Literal keys,
+    "*" for a dict of free names; None for a value."""
+    for a in _members(annotation):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return {name: f.annotation for name, f in a.model_fields.items()}
+        if get_origin(a) is dict:
+            k = get_args(a)[0]
+            return {str(v): get_args(a)[1] for v in get_args(k)} if get_origin(k) is Literal else "*"
+    return None
+
+
+def _dict_value(annotation: object) -> object:
+    return next(get_args(a)[1] for a in _members(annotation) if get_origin(a) is dict)

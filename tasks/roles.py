@@ -8,6 +8,7 @@ stage fails when more than `max_failure_rate` of its requests did not end ok.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,22 +130,48 @@ def call_parsed(
 
 
 def account(outcomes: list[Outcome], gen: Generator | None = None) -> dict:
-    """Counts for a stage's metrics: how the requests ended, attempts, cache hits and misses."""
+    """Counts for a stage's metrics: how the requests ended, attempts, cache hits and misses, and
+    the commonest reasons of those that did not end ok, as [count, reason]."""
     n = len(outcomes)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("ok", "invalid", "failed")}
     stats = {"requests": n, **counts, "attempts": sum(o.attempts for o in outcomes), "failure_rate": round((n - counts["ok"]) / n, 4) if n else 0.0}
+    reasons = Counter((o.reason or "")[:REASON_CHARS] for o in outcomes if o.status != "ok")
+    if reasons:
+        stats["top_reasons"] = [[count, reason] for reason, count in reasons.most_common(TOP_REASONS)]
     if gen is not None:
         stats.update(generation_stats(gen))
     return stats
 
 
+TOP_REASONS, REASON_CHARS = 3, 200
+# Where a stage keeps each failed request of a role, with its status and reason: a query to paste.
+FAILED_ROWS = {
+    ("summarize", "summarizer"): "SELECT trajectory_id, status, reason FROM summaries WHERE status <> 'ok'",
+    ("relabel", "proposer"): "SELECT trajectory_id, branch_turn, status, reason FROM relabels WHERE status <> 'ok'",
+    ("label", "labeler"): "SELECT trajectory_id, status, reason FROM labels WHERE status <> 'ok'",
+}
+
+
 def check_failure_rate(stage: str, role_name: str, role: RoleParams, stats: dict) -> None:
-    if stats["requests"] and stats["failure_rate"] > role.max_failure_rate:
-        raise RoleFailure(
-            f"{stage}: the {role_name} role failed on {stats['requests'] - stats['ok']} of {stats['requests']} requests "
-            f"({stats['invalid']} unparseable, {stats['failed']} with no answer from the backend), over its "
-            f"max_failure_rate {role.max_failure_rate}; see the stage's rows for each reason"
-        )
+    """RoleFailure past the role's max_failure_rate, in one line: how many failed, the commonest
+    reasons with their counts, and where the failed rows are."""
+    n, bad = stats["requests"], stats["requests"] - stats["ok"]
+    if not n or stats["failure_rate"] <= role.max_failure_rate:
+        return
+    top = stats.get("top_reasons", [])
+    reasons = "; ".join(f"{count} × {reason}" for count, reason in top)
+    if (others := bad - sum(count for count, _ in top)) > 0:
+        reasons += f"; {others} for other reasons"
+    if (stage, role_name) in FAILED_ROWS:
+        where = f'the rows: retrosight inspect --sql "{FAILED_ROWS[stage, role_name]}"'
+    elif role_name == "forward":
+        where = f"each unfinished relabel is listed with its reason under forward_failures in data/{stage}/metrics.json"
+    else:  # the simulator: a failed answer is heard as "unknown" in the game
+        where = f"the counts are under simulator_calls in data/{stage}/metrics.json"
+    raise RoleFailure(
+        f"{stage}: the {role_name} role failed on {bad} of {n} requests ({stats['invalid']} unparseable, {stats['failed']} "
+        f"with no answer from the backend), over its max_failure_rate {role.max_failure_rate}: {reasons}; {where}"
+    )
 
 
 def policy_generator(params: Params, model: str | Path | None = None, batch_size: int | None = None) -> Generator:

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.params import ParamsError, load_params
+from tasks.params import ParamsError, check_key, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,3 +67,47 @@ def test_a_role_switches_backend_by_an_edit(tmp_path):
 def test_bad_roles_are_named(tmp_path, role, entry, message):
     with pytest.raises(ParamsError, match=message):
         load_params(_write(tmp_path, lambda r: r["roles"].update({role: entry})))
+
+
+@pytest.mark.parametrize(
+    "key",
+    ["relabel.k", "roles.summarizer.base_url", "roles.labeler.mode", "train.methods.my_own.algorithm", "train.methods",
+     "bootstrap.behaviour_mix.expert", "collect.scale.shards", "relabel.window"],
+)
+def test_a_valid_key_passes(key):
+    check_key(key)
+
+
+@pytest.mark.parametrize(
+    "key, message",
+    [
+        ("relabel.kk", r"unknown param 'relabel\.kk' \(did you mean relabel\.k\?\)"),
+        ("relabl.k", r"did you mean relabel\.k\?"),
+        ("roles.sumarizer.model", r"did you mean roles\.summarizer\.model\?"),
+        ("train.methods.refit.algoritm", r"did you mean train\.methods\.refit\.algorithm\?"),  # under a name of the user's own
+        ("bootstrap.behaviour_mix.expret", r"did you mean bootstrap\.behaviour_mix\.expert\?"),  # a dict of fixed keys
+        ("relabel.zzzz", r"unknown param 'relabel\.zzzz' \(relabel has: mode, splits, k, t, n, window, hr_top\)"),
+        ("relabel.k.x", r"relabel\.k is a value, with no keys under it"),
+    ],
+)
+def test_an_unknown_key_is_refused_with_the_closest_names(key, message):
+    with pytest.raises(ParamsError, match=message):
+        check_key(key)
+
+
+def test_overrides_are_checked_before_hydra_applies_them(tmp_path):
+    from flows.pipeline import apply_overrides
+
+    path = _write(tmp_path, lambda r: None)
+    before = path.read_text()
+    for bad in (["relabel.kk=3"], ["+relabel.kk=3"], ["relabel.k=3", "relabel.kk=3"]):
+        with pytest.raises(ParamsError, match=r"unknown param 'relabel\.kk' \(did you mean relabel\.k\?\)"):
+            apply_overrides(bad, path)
+        assert path.read_text() == before  # nothing applied, not even the valid one
+    with pytest.raises(ParamsError, match="expected key=value"):
+        apply_overrides(["relabel.k"], path)
+
+    # Valid keys apply whether params.yaml holds them yet or not, with or without Hydra's `+`.
+    apply_overrides(["relabel.k=3", "+relabel.n=1", "roles.summarizer.model=tiny", "train.methods.mine.algorithm=sft"], path)
+    p = load_params(path)
+    assert (p.relabel.k, p.relabel.n, p.roles.summarizer.model, p.train.methods["mine"].algorithm) == (3, 1, "tiny", "sft")

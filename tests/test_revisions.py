@@ -1,13 +1,15 @@
 """Reading tables at past revisions through DVC, and the statistics `retrosight diff` prints."""
 from __future__ import annotations
 
+import json
 import shutil
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import yaml
 
-from conftest import BIN, run
+from conftest import BIN, make_project, run
 from storage.diff import describe, ks_statistic
 from storage.parquet import write_table
 from storage.revisions import Revision, RevisionError, list_versions, params_diff
@@ -83,3 +85,61 @@ def test_ks_and_describe():
     d = describe(a)
     assert d["n"] == 3 and d["mean"] == pytest.approx(-50 / 3) and d["p50"] == -20.0
     assert describe(np.array([])) is None
+
+
+def _lock(model_md5: str, collect_saw: str, m: int) -> str:
+    """A dvc.lock of two stages: bootstrap wrote the model `model_md5`; collect ran on the model
+    `collect_saw` with collect.m = `m`."""
+    return yaml.safe_dump({"schema": "2.0", "stages": {
+        "bootstrap": {"cmd": "b", "outs": [{"path": "data/bootstrap/model", "hash": "md5", "md5": model_md5}]},
+        "collect": {
+            "cmd": "c",
+            "deps": [{"path": "data/bootstrap/model", "hash": "md5", "md5": collect_saw}, {"path": "tasks/collect.py", "hash": "md5", "md5": "c0de"}],
+            "params": {"params.yaml": {"collect.m": m, "seed": 0}},
+            "outs": [{"path": "data/collect/trajectories.parquet", "hash": "md5", "md5": "t1"}],
+        },
+    }})
+
+
+def test_a_stage_recorded_from_other_inputs_than_its_version_s_is_stale(repo):
+    cases = {
+        "fresh": (_lock("new.dir", "new.dir", 3), {}),
+        "model": (_lock("new.dir", "old.dir", 3), {"collect": "data/bootstrap/model changed"}),
+        "param": (_lock("new.dir", "new.dir", 2), {"collect": "param collect.m changed"}),
+    }
+    for tag, (lock, _) in cases.items():
+        (repo / "dvc.lock").write_text(lock)
+        (repo / "params.yaml").write_text("seed: 0\ncollect:\n  m: 3\n")
+        run(["git", "add", "-A"], repo)
+        run([*GIT, "commit", "-qm", tag], repo)
+        run(["git", "tag", tag], repo)
+    for tag, (_, stale) in cases.items():
+        assert Revision(repo, tag).stale_stages() == stale, tag
+    assert Revision(repo).stale_stages() == {"collect": "param collect.m changed"}  # the workspace
+    assert Revision(repo, "run0").stale_stages() == {}  # no dvc.lock at all
+
+
+@pytest.mark.system
+def test_a_version_saved_after_only_leaves_the_stages_it_did_not_run_stale(tmp_path):
+    """`run bootstrap --only --name`: `dvc exp save` must not record collect, whose model just
+    changed under it, as up to date (issue 17: it did, with force)."""
+    project = make_project(tmp_path)
+    retro = str(BIN / "retrosight")
+    run([str(BIN / "dvc"), "repro", "collect"], project)  # bootstrap, then collect on its model
+    out = run([retro, "run", "bootstrap", "--only", "-S", "bootstrap.train.epochs=2", "--name", "ep2"], project).stdout
+    assert "bootstrap: ran" in out and "Saved as DVC experiment ep2" in out, out
+    assert "Left stale in it, as in the workspace: collect" in " ".join(out.split()), out
+
+    status = json.loads(run([str(BIN / "dvc"), "status", "--json"], project).stdout)
+    assert "collect" in status and "bootstrap" not in status, status
+    assert status["collect"] == [{"changed deps": {"data/bootstrap/model": "modified"}}], status["collect"]
+    # The experiment holds collect as it ran, on the old model, so it is stale there too.
+    saved = Revision(project, "ep2")
+    assert saved.stale_stages() == {"collect": "data/bootstrap/model changed"}
+    assert saved.params()["bootstrap"]["train"]["epochs"] == 2
+
+    versions = run([retro, "versions"], project).stdout
+    row = next(line for line in versions.splitlines() if line.startswith("│ ep2"))
+    assert row.rstrip(" │").endswith("collect"), versions
+    inspect = run([retro, "inspect", "--rev", "ep2", "--sql", "SELECT count(*) AS n FROM collect.trajectories"], project)
+    assert "note: at ep2, collect is stale (data/bootstrap/model changed since it ran)" in inspect.stderr, inspect.stderr

@@ -47,7 +47,7 @@ def test_outcomes_ok_retried_invalid_and_failed():
     assert "unparseable after 3 attempts" in out[2].reason and out[2].text == "nonsense"
     assert out[3].reason == "HTTP 500 after 5 attempts"
     stats = account(out)
-    assert stats == {"requests": 4, "ok": 2, "invalid": 1, "failed": 1, "attempts": 8, "failure_rate": 0.5}
+    assert stats == {"requests": 4, "ok": 2, "invalid": 1, "failed": 1, "attempts": 8, "failure_rate": 0.5, "top_reasons": [[1, out[2].reason], [1, out[3].reason]]}
 
 
 def test_failure_rate_threshold():
