@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import BIN, make_project, run
+from conftest import BIN, free_port, make_project, run
 from fault_double import running, write_logged_games
 from flows.common import _QuietExpected, expected_failure
 from flows.pipeline import StageFailed
@@ -142,6 +142,16 @@ def test_a_bad_input_file_a_bad_param_and_a_bug_each_end_as_they_should(tmp_path
     assert result.returncode == 2 and "Traceback" not in output, output[-4000:]
     [error] = _errors(output)
     assert error.startswith("error: params.yaml: invalid parameters"), error
+    (project / "params.yaml").write_text(before)
+
+    # A server that is not there: one line naming it (the stage as `dvc repro` runs it).
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    _set(project, "roles", "summarizer", {"backend": "openai", "model": "m", "base_url": url, "max_retries": 0, "timeout": 5})
+    result = run([RETRO, "stage", "summarize"], project, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output[-4000:]
+    [error] = _errors(output)
+    assert error.startswith("error: ") and f"cannot reach {url}" in error, error
     (project / "params.yaml").write_text(before)
 
     # Anything else is a bug, and shows its traceback.
