@@ -78,9 +78,6 @@ def run(
         _fail(f"unknown stage '{stage}' (stages: {', '.join(names)})")
     if only and stage is None:
         _fail("--only needs a STAGE")
-    from flows.common import log_to_file
-
-    log_to_file("run")
     try:
         with p.workspace_lock("retrosight " + " ".join(sys.argv[1:]), wait, on_wait=console.print):
             _run(stage, force, only, set_param, name)
@@ -90,10 +87,12 @@ def run(
 
 def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None, name: str | None) -> None:
     from flows import pipeline as p
+    from flows.common import log_to_file
     from flows.schedule import run_name
     from storage.revisions import list_versions
     from tasks.params import ParamsError, load_params
 
+    log_to_file("run")  # once the workspace is ours: a refused run must not truncate the running one's log
     names = p.stage_names()
     params_file = Path("params.yaml")
     original = params_file.read_text()

@@ -194,7 +194,8 @@ def repro(stage: str, force: bool = False) -> str:
     env_extra = {"PREFECT_API_URL": api_url, PARENT_TASK_ENV: str(get_run_context().task_run.id)}
     args = ["repro", "--single-item", *(["--force"] if force else []), stage]
     with tempfile.TemporaryDirectory(prefix="retrosight-") as tmp:
-        # A stage that fails for a reason it can say in one line leaves the line here.
+        # A stage that fails for a reason it can say in one line leaves the line here, and
+        # flows.linking runs DVC's CLI without DVC's own report of that failure.
         error_file = Path(tmp) / "error"
         result = dvc(*args, check=False, env_extra={**env_extra, ERROR_FILE_ENV: str(error_file)}, module="flows.linking")
         said = error_file.read_text().strip() if error_file.exists() else ""
