@@ -6,6 +6,12 @@ Retry-After when it sends one, on 408/409/429, 5xx, timeouts and connection erro
 attempt is counted (an httpx hook sees each one the SDK sends), so a failed Completion says how
 many attempts it took and what the last one got.
 
+A server that cannot be reached is not a per-request fault: the endpoint is checked when the
+generator is built (one GET of /models; any HTTP answer, a 401 or 404 included, means someone
+is there), and a request refused a connection after that (the server went away) stops the call
+once it has run out of retries: the requests not yet sent are not sent, and BackendUnavailable
+names the server. Answers received until then have already been handed to `on_result`.
+
 The API key is read from the environment variable that `api_key_env` names, handed to the SDK
 client and kept nowhere else. Servers echo the key they were sent in their errors ("Incorrect API
 key provided: sk-..."), and an error becomes a row's reason in a stage's table, so every error
@@ -24,7 +30,9 @@ from urllib.parse import urlparse
 import httpx
 import openai
 
-from models.base import Completion, Message, SamplingParams
+from models.base import BackendUnavailable, Completion, Message, SamplingParams
+
+PREFLIGHT_TIMEOUT = 10.0  # seconds for the reachability check, at most (the role's timeout if shorter)
 
 # Attempts made for the request in flight: the hook below runs in the task that sent it.
 _attempts: contextvars.ContextVar[list[int]] = contextvars.ContextVar("attempts")
@@ -62,6 +70,24 @@ class OpenAIGenerator:
         self.model_id = f"{model}@{urlparse(base_url).hostname if base_url else 'api.openai.com'}"
         self.concurrency, self.timeout, self.max_retries = concurrency, timeout, max_retries
         self.stats = {"requests": 0, "attempts": 0, "retries": 0, "failures": 0}
+        self.answers = 0  # requests the server answered (any HTTP status), over this generator's life
+        self._check_reachable()
+
+    @property
+    def url(self) -> str:
+        """The endpoint requests go to (the SDK's own default when base_url is None)."""
+        return self.base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+
+    def _check_reachable(self) -> None:
+        """Refuse an endpoint nobody answers at, before a stage sends anything. No key is sent:
+        a hosted API's 401 says it is there just as well."""
+        timeout = min(self.timeout, PREFLIGHT_TIMEOUT)
+        try:
+            httpx.get(f"{self.url.rstrip('/')}/models", timeout=timeout)
+        except httpx.TimeoutException:
+            raise BackendUnavailable(f"openai: cannot reach {self.url} (no answer within {timeout:g} s); nothing was sent") from None
+        except httpx.TransportError as e:
+            raise BackendUnavailable(f"openai: cannot reach {self.url} ({_transport_reason(e)}); nothing was sent") from None
 
     def _api_key(self) -> str:
         if self.api_key_env is None:
@@ -92,12 +118,22 @@ class OpenAIGenerator:
         http = openai.DefaultAsyncHttpxClient(event_hooks={"request": [_count_attempt]})
         key = self._api_key()
         secret = key if self.api_key_env is not None else None
+        call = _Call()
         async with openai.AsyncOpenAI(api_key=key, base_url=self.base_url, timeout=self.timeout, max_retries=self.max_retries, http_client=http) as client:
             limit = asyncio.Semaphore(self.concurrency)
-            return list(await asyncio.gather(*(self._one(client, limit, c, sampling, s, secret, i, on_result) for i, (c, s) in enumerate(zip(conversations, seeds)))))
+            out = list(await asyncio.gather(*(self._one(client, limit, call, c, sampling, s, secret, i, on_result) for i, (c, s) in enumerate(zip(conversations, seeds)))))
+        if call.gone is not None:
+            raise BackendUnavailable(
+                f"openai: the server at {self.url} stopped answering ({call.gone} after {self.answers} answers); "
+                f"{call.not_sent} of {len(conversations)} requests not sent"
+            )
+        return out
 
-    async def _one(self, client: openai.AsyncOpenAI, limit: asyncio.Semaphore, conversation, sampling: SamplingParams, seed: int, secret: str | None, index: int, on_result) -> Completion:
+    async def _one(self, client: openai.AsyncOpenAI, limit: asyncio.Semaphore, call: _Call, conversation, sampling: SamplingParams, seed: int, secret: str | None, index: int, on_result) -> Completion:
         async with limit:
+            if call.gone is not None:
+                call.not_sent += 1
+                return Completion("", error="openai: not sent (the server stopped answering)")
             counter = [0]
             _attempts.set(counter)  # this task's own context: gather runs each request in a task
             try:
@@ -109,14 +145,20 @@ class OpenAIGenerator:
                     top_p=sampling.top_p,
                     max_tokens=sampling.max_new_tokens,
                 )
+                self.answers += 1
                 completion = _parse(response)
             except openai.APIStatusError as e:
+                self.answers += 1
                 completion = Completion("", error=f"openai: HTTP {e.status_code} {type(e).__name__}: {e.message}")
             except openai.APITimeoutError:
                 completion = Completion("", error=f"openai: timed out (no response within {self.timeout} s)")
             except openai.APIConnectionError as e:
                 cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ else ""
                 completion = Completion("", error=f"openai: connection error{cause}")
+                # Refused (or otherwise not connected) through every retry, after the endpoint had
+                # answered: the server is gone, and every request still to send would only repeat this.
+                if isinstance(e.__cause__, httpx.ConnectError) and call.gone is None:
+                    call.gone = _transport_reason(e.__cause__)
             except (ValueError, AttributeError, TypeError, KeyError) as e:  # a body that is not JSON, or not a chat completion
                 completion = Completion("", error=f"openai: malformed response: {type(e).__name__}: {e}")
             except Exception as e:
@@ -130,6 +172,26 @@ class OpenAIGenerator:
             if on_result is not None:
                 on_result(index, completion)
             return completion
+
+
+class _Call:
+    """One generate() call's view of the server: why it went away (None while it answers), and
+    how many requests were then left unsent."""
+
+    def __init__(self) -> None:
+        self.gone: str | None = None
+        self.not_sent = 0
+
+
+def _transport_reason(e: BaseException) -> str:
+    # The async transport's message is "All connection attempts failed"; the refusal is below it.
+    cause, seen = e, set()
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
 
 
 def redact(text: str, secret: str | None) -> str:

@@ -12,6 +12,14 @@ vLLM starts its engine in a child process by default, and on CPU always with `sp
 that builds a VLLMGenerator must guard its entry point with `if __name__ == "__main__":`.
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` runs the engine in this process instead (faster to start;
 the tests use it).
+
+On CPU the engine runs without chunked prefill. With it, a prompt longer than what is left of an
+engine step's token budget is prefilled over several steps, and each step but the last samples a
+token vLLM then discards, rewinding the request's seeded generator (`set_offset`) to take the
+draw back. A CPU generator has no offset: the first seeded request split that way kills the
+engine ("CPU Generator does not use offset"), and every request here is seeded. Prefilled whole,
+a request draws from its generator only for the tokens it keeps, so its text is the same alone
+and in any batch (tests/test_vllm_cpu.py).
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ from typing import Any
 
 import vllm
 from transformers import AutoTokenizer
+from vllm.platforms import current_platform
 
 from models.base import Completion, Message, SamplingParams
 from models.hf import model_fingerprint, resolve_dtype
@@ -44,7 +53,11 @@ class VLLMGenerator:
         the whole process's resident memory (so a big process can be left with none): there,
         `kv_cache_memory_bytes` sizes the KV cache directly and takes precedence. `enforce_eager`
         skips torch.compile and CUDA graphs: slower steps, much faster start. Anything else is
-        passed to `vllm.LLM` as is."""
+        passed to `vllm.LLM` as is, except that chunked prefill stays off on CPU."""
+        if current_platform.is_cpu():
+            if engine_kwargs.get("enable_chunked_prefill"):
+                raise ValueError("enable_chunked_prefill: vLLM on CPU cannot undo a seeded draw of a split prefill (its engine dies); leave it off")
+            engine_kwargs["enable_chunked_prefill"] = False
         self.path = Path(path)
         if not (self.path / "config.json").exists():
             raise FileNotFoundError(f"{self.path}: not a Hugging Face model directory (no config.json)")

