@@ -1,11 +1,17 @@
 from __future__ import annotations
 
+import functools
+import hashlib
+import inspect
 import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -47,9 +53,85 @@ def tiny_params(overrides: dict | None = None) -> dict:
     return deep_update(deep_update(raw, TINY), overrides or {})
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """An untrained tiny model: plumbing tests do not depend on the policy being good."""
+# -- built once, kept on disk -------------------------------------------------------------------
+# What several slow tests need (a tiny model, a finished pipeline workspace, stage outputs) is
+# built once and kept under pytest's cache, keyed by a hash of the code and params that make it:
+# a change rebuilds it, an unchanged tree reuses it in the next session. With the cache off
+# (-p no:cacheprovider) it is built once per session in a temporary directory instead.
+
+CODE = [ROOT / name for name in ("flows", "tasks", "storage", "envs", "models")]
+BUILT = ".built"  # written last: a directory without it is a build that did not finish
+
+
+@functools.cache
+def _installed() -> str:
+    """The interpreter and every installed package: a new torch or DVC may write other bytes."""
+    import importlib.metadata
+
+    dists = sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions())
+    return "\n".join([sys.version, *dists])
+
+
+def digest(*parts) -> str:
+    """A key over files and directories under ROOT (their paths and bytes) and any other values
+    (by repr), with the installed packages and the threads torch may use (float sums, and with
+    them sampled tokens, may differ with the thread count)."""
+    h = hashlib.sha256(_installed().encode())
+    h.update(repr([os.environ.get(v) for v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")] + [len(os.sched_getaffinity(0))]).encode())
+    for part in parts:
+        if isinstance(part, Path):
+            files = sorted(p for p in part.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if part.is_dir() else [part]
+            for f in files:
+                h.update(f"{f.relative_to(ROOT)}\0".encode() + f.read_bytes() + b"\0")
+        else:
+            h.update(f"{part!r}\0".encode())
+    return h.hexdigest()[:24]
+
+
+def built(request, name: str, key: str, build: Callable[[Path], None], keep: int = 3) -> Path:
+    """A directory `build(directory)` filled, for this key: from pytest's cache if an earlier session
+    built it, else built now (in a temporary directory renamed into place when complete, so a
+    session that is killed or fails leaves nothing another would take for finished)."""
+    cache = getattr(request.config, "cache", None)
+    if cache is None:
+        out = request.getfixturevalue("tmp_path_factory").mktemp(name)
+        build(out)
+        return out
+    root = Path(cache.mkdir(f"retrosight-{name}"))
+    done = root / key
+    if not (done / BUILT).exists():
+        work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+        try:
+            build(work)
+            (work / BUILT).touch()
+            try:
+                work.rename(done)
+            except OSError:  # another session finished the same build first: keep theirs
+                if not (done / BUILT).exists():
+                    raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    os.utime(done)  # the newest are kept
+    _prune(root, keep)
+    return done
+
+
+def _prune(root: Path, keep: int) -> None:
+    """Builds for older trees: all but the `keep` last used, and builds abandoned a day ago."""
+    entries = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
+    finished = [p for p in entries if not p.name.startswith(".")]
+    abandoned = [p for p in entries if p.name.startswith(".") and time.time() - p.stat().st_mtime > 86400]
+    for old in finished[keep:] + abandoned:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def copy_repo(src: Path, parent: Path) -> Path:
+    """A private copy of a shared repository (its .git and .dvc included) for a test that changes
+    it, at parent/repo as make_project places it."""
+    return Path(shutil.copytree(src, parent / "repo", symlinks=True))
+
+
+def _tiny_model(out: Path) -> None:
     import torch
 
     from envs.twenty_questions.format import system_prompt
@@ -61,10 +143,15 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     tok = train_tokenizer(corpus, vocab_size=400)
     torch.manual_seed(0)
     model = make_model(tok, 64, 1, 1, 64, 128, 1024)
-    out = tmp_path_factory.mktemp("model") / "model"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    model.save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(request) -> Path:
+    """An untrained tiny model: plumbing tests do not depend on the policy being good. Shared: read only."""
+    key = digest(ROOT / "models", ROOT / "envs", inspect.getsource(_tiny_model))
+    return built(request, "tiny-model", key, _tiny_model) / "model"
 
 
 @pytest.fixture
@@ -93,6 +180,28 @@ def make_project(tmp_path: Path, methods: dict | None = None) -> Path:
     run(["git", "add", "-A"], repo)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"], repo)
     return repo
+
+
+def _finished_workspace(out: Path) -> None:
+    repo = make_project(out)
+    done = run([str(BIN / "retrosight"), "run"], repo)
+    (out / "run.log").write_text(done.stdout + done.stderr)
+    shutil.rmtree(out / ".prefect-home", ignore_errors=True)  # the run's Prefect history, outside the repository
+
+
+@dataclass
+class Workspace:
+    repo: Path  # shared, read only: copy_repo() it to change anything, even to run `retrosight run`
+    output: str  # what the full run that made it printed
+
+
+@pytest.fixture(scope="session")
+def finished_workspace(request) -> Workspace:
+    """make_project's repository after one full `retrosight run` from nothing: every stage ran once."""
+    key = digest(*CODE, ROOT / "dvc.yaml", ROOT / ".dvcignore", ROOT / ".dvc" / "plots", ROOT / "params.yaml", TINY,
+                 *map(inspect.getsource, (deep_update, tiny_params, make_project, _finished_workspace)))
+    out = built(request, "finished-workspace", key, _finished_workspace)
+    return Workspace(out / "repo", (out / "run.log").read_text())
 
 
 def project_env(tmp: Path) -> dict:

@@ -1,6 +1,7 @@
-"""The whole DAG through `retrosight run` -> Prefect -> `dvc repro`, in a fresh repo, tiny preset;
-while it runs, a second run in the workspace refuses and a third waits. A run killed mid-stage
-resumes to the same outputs an uninterrupted run writes."""
+"""The whole DAG through `retrosight run` -> Prefect -> `dvc repro`, in a fresh repo, tiny preset
+(the shared finished workspace: conftest.py runs it once per tree); a copy of it reruns nothing,
+a run killed mid-stage resumes to the same outputs an uninterrupted run writes, and while a run
+works, a second run in the workspace refuses and a third waits."""
 import json
 import os
 import signal
@@ -11,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import BIN, project_env, run, tiny_params
+from conftest import BIN, copy_repo, project_env, run, tiny_params
 
 pytestmark = pytest.mark.system
 
@@ -38,30 +39,15 @@ def _wait_until_gone(group: int, timeout: float = 60) -> None:
 STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "train", "evaluate"]
 
 
-def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project, faults):
-    # While it runs, it holds the workspace: a second run refuses, a third waits its turn.
-    env = project_env(project.parent)
-    first = subprocess.Popen([str(BIN / "retrosight"), "run"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    owner = project / ".retrosight" / "run.owner"
-    deadline = time.time() + 120
-    while not owner.exists():
-        assert first.poll() is None and time.time() < deadline, "the first run never took the workspace lock"
-        time.sleep(0.2)
-    assert f"pid {first.pid}: retrosight run" in owner.read_text()
-    refused = run([str(BIN / "retrosight"), "run", "-S", "relabel.n=1"], project, check=False)
-    assert refused.returncode != 0
-    assert f"another pipeline run holds this workspace (pid {first.pid}: retrosight run" in refused.stdout, refused.stdout
-    assert yaml.safe_load((project / "params.yaml").read_text())["relabel"]["n"] == 2  # its override never applied
-    waiting = subprocess.Popen([str(BIN / "retrosight"), "run", "--wait"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    first_out, _ = first.communicate(timeout=900)
-    waiting_out, _ = waiting.communicate(timeout=300)
-    assert first.returncode == 0, first_out[-4000:]
-    assert waiting.returncode == 0 and "Waiting for the run that holds this workspace" in waiting_out, waiting_out[-3000:]
-    assert "up to date" in waiting_out  # the first run finished everything; the second found nothing stale
-    assert not owner.exists()
+def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace, tmp_path, faults):
+    # The full run from nothing is the one that made the shared workspace (once per tree, in
+    # conftest.py): every stage ran, and the run ended with the evaluation's results.
+    first_out = finished_workspace.output
     for stage in STAGES:
         assert f"{stage}: ran" in first_out, first_out
     assert "Success rate on held-out tasks" in first_out and "refit_logged" in first_out
+    project = copy_repo(finished_workspace.repo, tmp_path)
+    env = project_env(project.parent)
 
     model = project / "data/bootstrap/model"
     assert (model / "config.json").exists() and (model / "model.safetensors").exists()
@@ -72,7 +58,7 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project, faults):
     assert {"expert", "noisy", "random", "mixture"} <= set(metrics["scripted"])
     assert set(metrics["model"]["success"]) == {"train"}
 
-    status = run([str(BIN / "dvc"), "status", "--json"], project)
+    status = run([str(BIN / "dvc"), "status", "--json"], project)  # the copy is whole: DVC finds nothing stale
     assert json.loads(status.stdout) == {}
     lock = yaml.safe_load((project / "dvc.lock").read_text())
     assert set(lock["stages"]) == set(STAGES)
@@ -121,13 +107,31 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(project, faults):
     assert not list((project / "data").rglob("*.tmp"))
 
     # One stage by name, forced: that stage and what follows it, nothing upstream. Uninterrupted,
-    # it writes exactly what the killed-and-resumed run wrote.
+    # it writes exactly what the killed-and-resumed run wrote. While it runs, it holds the
+    # workspace: a second run refuses, a third waits its turn.
     resumed = outputs(project)
-    fourth = run([str(BIN / "retrosight"), "run", "relabel", "--force"], project)
+    fourth = subprocess.Popen([str(BIN / "retrosight"), "run", "relabel", "--force"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    owner = project / ".retrosight" / "run.owner"
+    deadline = time.time() + 120
+    while not owner.exists():
+        assert fourth.poll() is None and time.time() < deadline, "the forced run never took the workspace lock"
+        time.sleep(0.2)
+    assert f"pid {fourth.pid}: retrosight run relabel --force" in owner.read_text()
+    refused = run([str(BIN / "retrosight"), "run", "-S", "relabel.n=2"], project, check=False)
+    assert refused.returncode != 0
+    assert f"another pipeline run holds this workspace (pid {fourth.pid}: retrosight run" in refused.stdout, refused.stdout
+    assert yaml.safe_load((project / "params.yaml").read_text())["relabel"]["n"] == 1  # its override never applied
+    waiting = subprocess.Popen([str(BIN / "retrosight"), "run", "--wait"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    fourth_out, _ = fourth.communicate(timeout=900)
+    waiting_out, _ = waiting.communicate(timeout=300)
+    assert fourth.returncode == 0, fourth_out[-4000:]
+    assert waiting.returncode == 0 and "Waiting for the run that holds this workspace" in waiting_out, waiting_out[-3000:]
+    assert "up to date" in waiting_out  # the forced run finished everything; the waiting one found nothing stale
+    assert not owner.exists()
     for stage in STAGES[3:]:
-        assert f"{stage}: ran" in fourth.stdout, fourth.stdout
+        assert f"{stage}: ran" in fourth_out, fourth_out
     for stage in STAGES[:3]:
-        assert f"{stage}:" not in fourth.stdout
+        assert f"{stage}:" not in fourth_out
     assert outputs(project) == resumed
 
 
