@@ -76,13 +76,16 @@ def test_scheduled_run_then_versions_inspect_diff_lineage(project, prefect_serve
             cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT,
         )
     try:
-        from prefect.client.orchestration import get_client
+        # A client of the test's server itself: get_client() would first start an ephemeral
+        # server of its own in this process (PREFECT_API_URL is not set here), seconds of work
+        # that can time out on a busy machine.
+        from prefect.client.orchestration import SyncPrefectClient
 
         deadline = time.time() + 180
         deployment = None
         while deployment is None and time.time() < deadline:
             assert serve.poll() is None, serve_log.read_text()[-3000:]
-            with get_client(sync_client=True, httpx_settings={"base_url": prefect_server}) as client:
+            with SyncPrefectClient(prefect_server) as client:
                 found = client.read_deployments()
             deployment = next((d for d in found if d.name == "nightly"), None)
             time.sleep(1)
@@ -97,7 +100,7 @@ def test_scheduled_run_then_versions_inspect_diff_lineage(project, prefect_serve
         assert triggered.returncode == 0, triggered.stdout[-3000:] + triggered.stderr[-3000:] + serve_log.read_text()[-5000:]
         assert "Completed" in triggered.stdout, triggered.stdout[-3000:]
 
-        with get_client(sync_client=True, httpx_settings={"base_url": prefect_server}) as client:
+        with SyncPrefectClient(prefect_server) as client:
             runs = client.read_flow_runs()
             artifacts = client.read_artifacts()
         scheduled = [r for r in runs if r.deployment_id == deployment.id]
