@@ -2,12 +2,13 @@
 give exactly the output the clean rows alone give, and rows in = kept + quarantined."""
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 
 import pytest
 
-from conftest import tiny_params
+from conftest import CODE, ROOT, TINY, built, digest, tiny_params
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.policies import NoisyPolicy
 from storage.parquet import read_table, write_table
@@ -20,7 +21,8 @@ from tasks.rollout import ScriptedAgent, derive_seed, new_episode, play
 from tasks.standardize import run_standardize
 from tasks.summarize import run_summarize
 
-PARAMS = Params.model_validate(tiny_params({"env": {"max_turns": 20}, "regenerate": {"batch_size": 64}}))
+OVERRIDES = {"env": {"max_turns": 20}, "regenerate": {"batch_size": 64}}
+PARAMS = Params.model_validate(tiny_params(OVERRIDES))
 
 
 def _broken_roles(row: dict) -> dict:
@@ -45,19 +47,23 @@ TRAJECTORY_FAULTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def clean(tmp_path_factory, tiny_model_dir) -> Path:
-    """A whole clean chain on scripted games: trajectories, summaries, relabels, regenerations, labels."""
-    out = tmp_path_factory.mktemp("clean")
+def _clean_chain(out: Path, model: Path) -> None:
     kb = load_kb()
     eps = [new_episode(kb, task, "train", derive_seed("bounds", task.name, k), 20, False) for task in kb.split("train")[:4] for k in range(3)]
     play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
     write_table(to_table([e.to_row() for e in eps], "trajectories"), out / "trajectories.parquet", "trajectories")
     run_summarize(PARAMS, out / "trajectories.parquet", out)
     run_relabel(PARAMS, out / "trajectories.parquet", out / "summaries.parquet", out)
-    run_regenerate(PARAMS, out / "trajectories.parquet", out / "relabels.parquet", tiny_model_dir, out / "regen")
+    run_regenerate(PARAMS, out / "trajectories.parquet", out / "relabels.parquet", model, out / "regen")
     run_label(PARAMS, [out / "trajectories.parquet", out / "regen" / "trajectories.parquet"], out)
-    return out
+
+
+@pytest.fixture(scope="module")
+def clean(request, tiny_model_dir) -> Path:
+    """A whole clean chain on scripted games: trajectories, summaries, relabels, regenerations,
+    labels. Built once per tree (conftest.built) and shared: read only."""
+    key = digest(*CODE, ROOT / "params.yaml", TINY, OVERRIDES, str(tiny_model_dir), inspect.getsource(_clean_chain))
+    return built(request, "stage-boundaries-clean", key, lambda out: _clean_chain(out, tiny_model_dir))
 
 
 def corrupt(src: Path, dst: Path, name: str, broken: list) -> tuple[Path, Path, dict[int, str]]:
