@@ -6,6 +6,7 @@ take seconds rather than a full run's minutes.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
@@ -17,7 +18,7 @@ import polars as pl
 import pytest
 import yaml
 
-from conftest import BIN, ROOT, run, tiny_params
+from conftest import BIN, CODE, ROOT, built, copy_repo, digest, run, tiny_params
 from flows.report import default_report_path, write_report
 from tasks.label import reward_histograms
 from tasks.plots import histogram, write_plot
@@ -153,10 +154,9 @@ Path("data/label/metrics.json").write_text(json.dumps({"labels": 36, "by_source"
 OUTS = ["data/bootstrap/loss.json", "data/label/plots", "data/standardize/plots", "data/train/loss", "data/evaluate/plots"]
 
 
-@pytest.fixture
-def plots_project(tmp_path: Path) -> tuple[Path, str]:
-    """A git + DVC repo with two commits (runs tagged alpha, then omega); returns it and the first sha."""
-    repo = tmp_path / "repo"
+def _two_runs(out: Path) -> None:
+    """A git + DVC repo with two commits (runs tagged alpha, then omega); the first sha in out/first."""
+    repo = out / "repo"
     repo.mkdir()
     (repo / "make_plots.py").write_text(STAGE)
     stage = {
@@ -179,13 +179,26 @@ def plots_project(tmp_path: Path) -> tuple[Path, str]:
     run([str(BIN / "dvc"), "repro", "-q"], repo)
     run(["git", "add", "-A"], repo)
     run([*git, "commit", "-qm", "run 1"], repo)
-    first = run(["git", "rev-parse", "HEAD"], repo).stdout.strip()
+    (out / "first").write_text(run(["git", "rev-parse", "HEAD"], repo).stdout.strip())
     (repo / "params.yaml").write_text(yaml.safe_dump({"run": {"tag": "omega", "shift": 1}}))
     run([str(BIN / "dvc"), "repro", "-q"], repo)
     run(["git", "add", "-A"], repo)
     run([*git, "commit", "-qm", "run 2"], repo)
+
+
+@pytest.fixture(scope="session")
+def two_runs(request) -> Path:
+    """_two_runs' repository, built once per tree (conftest.built) and shared: read only."""
+    key = digest(*CODE, ROOT / "dvc.yaml", ROOT / ".dvc/plots/histogram.json", STAGE, OUTS, inspect.getsource(_two_runs))
+    return built(request, "report-two-runs", key, _two_runs)
+
+
+@pytest.fixture
+def plots_project(two_runs: Path, tmp_path: Path) -> tuple[Path, str]:
+    """A copy of the two-run repository, whole: DVC finds nothing stale in it. Returns it and the first sha."""
+    repo = copy_repo(two_runs / "repo", tmp_path)
     assert json.loads(run([str(BIN / "dvc"), "status", "--json"], repo).stdout) == {}
-    return repo, first
+    return repo, (two_runs / "first").read_text()
 
 
 def revs_drawn(page: str) -> set[str]:
