@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import shutil
 import subprocess
 import time
@@ -14,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import BIN, ROOT, free_port, project_env, run, stop_process
+from conftest import BIN, ROOT, built, copy_repo, digest, free_port, project_env, run, stop_process
 
 pytestmark = pytest.mark.system
 
@@ -77,11 +78,8 @@ def _dvc(args: list[str], repo: Path, env: dict) -> subprocess.CompletedProcess:
     return result
 
 
-@pytest.fixture
-def repo(tmp_path: Path) -> Path:
-    """A fresh git + DVC repo with this project's .dvc/config (default remote `local`) and one
-    Parquet table tracked by `dvc add`."""
-    repo = tmp_path / "repo"
+def _tracked_table(out: Path) -> None:
+    repo = out / "repo"
     repo.mkdir()
     run(["git", "init", "-q"], repo)
     run([str(BIN / "dvc"), "init", "-q"], repo)
@@ -93,7 +91,20 @@ def repo(tmp_path: Path) -> Path:
     run([str(BIN / "dvc"), "add", "-q", "data/table.parquet"], repo)
     run(["git", "add", "-A"], repo)
     run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "table"], repo)
-    return repo
+
+
+@pytest.fixture(scope="session")
+def tracked_table(request) -> Path:
+    """_tracked_table's repository, built once per tree (conftest.built) and shared: read only."""
+    key = digest(ROOT / ".dvc" / "config", ROOT / ".dvc" / ".gitignore", inspect.getsource(_tracked_table))
+    return built(request, "remote-repo", key, _tracked_table) / "repo"
+
+
+@pytest.fixture
+def repo(tracked_table: Path, tmp_path: Path) -> Path:
+    """A git + DVC repo with this project's .dvc/config (default remote `local`) and one
+    Parquet table tracked by `dvc add`: a copy of the shared one, for this test to push and wipe."""
+    return copy_repo(tracked_table, tmp_path)
 
 
 def _md5(repo: Path) -> str:
