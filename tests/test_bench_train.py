@@ -1,4 +1,5 @@
 """bench/train_throughput.py at --small on a tiny model: the table, the ratio and the loss check are printed and sane."""
+import inspect
 import json
 import re
 import subprocess
@@ -7,14 +8,18 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-import torch
+from conftest import built, digest
 
 pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_train_throughput_bench_small(tmp_path):
+def _model_and_table(out: Path) -> None:
+    """A tiny model whose tokenizer knows the table's words, and the table: built once per tree
+    (conftest.built), so this process needs no torch of its own."""
+    import torch
+
     from models.tiny import make_model, train_tokenizer
 
     chats = []
@@ -24,16 +29,19 @@ def test_train_throughput_bench_small(tmp_path):
             msgs += [{"role": "user", "content": f"Turn {t + 1} of 20."}, {"role": "assistant", "content": f"REASON: Ask.\nQUESTION: Is it thing {i}{t}?"}]
         chats.append(msgs)
     # Row 1 has weight 0: Refit leaves it out, and so must the bench's TRL run.
-    pl.DataFrame({"messages": chats, "weight": [1.0, 0.0] + [0.5] * 8}).write_parquet(tmp_path / "train.parquet")
+    pl.DataFrame({"messages": chats, "weight": [1.0, 0.0] + [0.5] * 8}).write_parquet(out / "train.parquet")
     tok = train_tokenizer([m["content"] for c in chats for m in c] * 5, vocab_size=300)
     torch.manual_seed(0)
-    make_model(tok, 64, 1, 1, 64, 128, 256).save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
+    make_model(tok, 64, 1, 1, 64, 128, 256).save_pretrained(out / "model")
+    tok.save_pretrained(out / "model")
 
+
+def test_train_throughput_bench_small(request, tmp_path):
+    made = built(request, "bench-train-model", digest(ROOT / "models", inspect.getsource(_model_and_table)), _model_and_table)
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "bench/train_throughput.py", "--small", "--model", str(tmp_path / "model"),
-         "--table", str(tmp_path / "train.parquet"), "--out", str(out)],
+        [sys.executable, "bench/train_throughput.py", "--small", "--model", str(made / "model"),
+         "--table", str(made / "train.parquet"), "--out", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
