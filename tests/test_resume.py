@@ -8,6 +8,7 @@ finished call may be paid for twice, and no reader may ever see a partial Parque
 """
 from __future__ import annotations
 
+import inspect
 import json
 import random
 import signal
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, tiny_params
+from conftest import CODE, ROOT, TINY, built, digest, tiny_params
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.policies import NoisyPolicy
 from storage.parquet import read_table, write_table
@@ -45,11 +46,7 @@ OUTPUTS = {
 LLM_ROLE = {"collect": "policy", "summarize": "summarizer", "relabel": "proposer", "regenerate": "policy", "label": "labeler"}
 
 
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    """Scripted logged games of at most 12 turns (3 per task on 3 train tasks), with oracle
-    summaries and relabels: short prompts keep each run to seconds."""
-    out = tmp_path_factory.mktemp("inputs")
+def _inputs(out: Path) -> None:
     kb = load_kb()
     eps = [new_episode(kb, task, "train", derive_seed("resume", task.name, k), MAX_TURNS, False) for task in kb.split("train")[:3] for k in range(3)]
     play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
@@ -57,7 +54,18 @@ def inputs(tmp_path_factory) -> Path:
     oracle = Params.model_validate(tiny_params({"env": {"max_turns": MAX_TURNS}}))
     run_summarize(oracle, out / "trajectories.parquet", out)
     run_relabel(oracle, out / "trajectories.parquet", out / "summaries.parquet", out)
-    return out
+
+
+# What the inputs and the uninterrupted runs are made of: a change to any of it rebuilds them.
+SOURCES = (*CODE, CHILD, ROOT / "params.yaml", TINY, MAX_TURNS)
+
+
+@pytest.fixture(scope="module")
+def inputs(request) -> Path:
+    """Scripted logged games of at most 12 turns (3 per task on 3 train tasks), with oracle
+    summaries and relabels: short prompts keep each run to seconds. Built once per tree
+    (conftest.built) and shared: read only."""
+    return built(request, "resume-inputs", digest(*SOURCES, inspect.getsource(_inputs)), _inputs)
 
 
 def stage_params(stage: str, model_dir: Path, cache: Path) -> dict:
@@ -118,14 +126,21 @@ def visible_parquet_is_whole(out: Path) -> None:
         read_table(f)  # raises on a partial file
 
 
+def _uninterrupted(stage: str, inputs: Path, model_dir: Path, made: Path) -> None:
+    """The stage run once to its end in a process of its own, timed from the moment it starts working."""
+    proc = start(stage, stage_params(stage, model_dir, made / "ref-cache.sqlite"), inputs, made / "ref", model_dir)
+    t0 = wait_ready(proc, made / "ref")
+    finish(proc, made / "ref")
+    (made / "seconds").write_text(f"{time.monotonic() - t0:.1f}")
+
+
 @pytest.mark.parametrize("stage", list(OUTPUTS))
-def test_a_stage_killed_at_random_points_resumes_to_identical_bytes(stage, inputs, tiny_model_dir, tmp_path, faults):
-    # The uninterrupted run, timed from the moment the stage starts working.
-    ref_cache, ref = tmp_path / "ref-cache.sqlite", tmp_path / "ref"
-    proc = start(stage, stage_params(stage, tiny_model_dir, ref_cache), inputs, ref, tiny_model_dir)
-    t0 = wait_ready(proc, ref)
-    finish(proc, ref)
-    work = time.monotonic() - t0
+def test_a_stage_killed_at_random_points_resumes_to_identical_bytes(stage, inputs, tiny_model_dir, tmp_path, faults, request):
+    # The uninterrupted run: built once per tree (conftest.built) and its outputs, cache and
+    # metrics kept, as the same code on the same inputs writes the same bytes in any process.
+    key = digest(*SOURCES, stage, str(inputs), str(tiny_model_dir), *map(inspect.getsource, (stage_params, start, _uninterrupted)))
+    made = built(request, f"resume-uninterrupted-{stage}", key, lambda made: _uninterrupted(stage, inputs, tiny_model_dir, made))
+    ref_cache, ref, work = made / "ref-cache.sqlite", made / "ref", float((made / "seconds").read_text())
     ref_metrics = json.loads((ref / "metrics.json").read_text())
     calls = backend_calls(ref_metrics)
     assert calls > 0 and cached(ref_cache) > 0, "the stage made no LLM call: nothing was tested"
