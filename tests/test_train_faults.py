@@ -1,6 +1,7 @@
 """Training faults: a NaN or diverging loss stops the train stage with one clear error and no model;
 a killed train stage resumes from its last checkpoint and ends byte-identical to an uninterrupted run."""
 import hashlib
+import inspect
 import json
 import random
 import re
@@ -14,7 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from conftest import ROOT, tiny_params
+from conftest import CODE, ROOT, TINY, built, digest, tiny_params
 from storage.parquet import read_table, write_table
 from tasks.params import Params
 from tasks.train import run_train
@@ -158,15 +159,30 @@ class Stage:
         return self.log.read_text()
 
 
-@pytest.mark.system
-def test_a_killed_train_stage_resumes_and_ends_byte_identical(tiny_model_dir, tmp_path, capsys, faults):
+def _killed_run_params(model_dir: Path) -> dict:
     # 48 trajectories, batch 2, 2 epochs: 48 steps per method, logged every 2; checkpoint_steps 5
     # becomes every 6 steps (a multiple of the logging interval), so checkpoints 6, 12, ..., 42.
+    return train_params(model_dir, {"sft": {"algorithm": "sft"}, "swift": {"algorithm": "swift"}},
+                        epochs=2, batch_size=2, learning_rate=1e-3, checkpoint_steps=5)
+
+
+def _uninterrupted(made: Path, model_dir: Path) -> None:
+    table = training_table(made / "train.parquet", 48)
+    run_train(Params.model_validate(_killed_run_params(model_dir)), table, made / "reference")  # no checkpoints, as before they existed
+
+
+@pytest.mark.system
+def test_a_killed_train_stage_resumes_and_ends_byte_identical(tiny_model_dir, tmp_path, capsys, faults, request):
     table = training_table(tmp_path / "train.parquet", 48)
-    raw = train_params(tiny_model_dir, {"sft": {"algorithm": "sft"}, "swift": {"algorithm": "swift"}},
-                       epochs=2, batch_size=2, learning_rate=1e-3, checkpoint_steps=5)
+    raw = _killed_run_params(tiny_model_dir)
     params = Params.model_validate(raw)
-    run_train(params, table, tmp_path / "reference")  # no checkpoints, as before they existed
+    # The uninterrupted run, built once per tree (conftest.built): the same code on the same rows
+    # trains the same weights in any process.
+    key = digest(*CODE, ROOT / "params.yaml", TINY, WORDS, str(tiny_model_dir),
+                 *map(inspect.getsource, (conversation, training_table, train_params, _killed_run_params, _uninterrupted)))
+    made = built(request, "train-uninterrupted", key, lambda made: _uninterrupted(made, tiny_model_dir))
+    assert (made / "train.parquet").read_bytes() == table.read_bytes()  # trained on these very rows
+    reference = made / "reference"
 
     # Killed twice, the second time while resuming: in sft's second epoch (steps 25-48), where
     # the Trainer alone resumes with the wrong batch order, then in swift.
@@ -193,7 +209,7 @@ def test_a_killed_train_stage_resumes_and_ends_byte_identical(tiny_model_dir, tm
     assert "train sft: sft on" not in logs[2]
     assert kills[1][1] <= resumed_at(logs[2], "swift") < 48
     for name in ("sft", "swift"):
-        weights = [hashlib.sha256((d / f"models/{name}/model.safetensors").read_bytes()).hexdigest() for d in (out, tmp_path / "reference")]
+        weights = [hashlib.sha256((d / f"models/{name}/model.safetensors").read_bytes()).hexdigest() for d in (out, reference)]
         assert weights[0] == weights[1], f"{name}: the resumed model's weights differ from the uninterrupted run's"
-        assert (out / f"loss/{name}.json").read_text() == (tmp_path / f"reference/loss/{name}.json").read_text()
+        assert (out / f"loss/{name}.json").read_text() == (reference / f"loss/{name}.json").read_text()
     assert not ckpt.exists()
