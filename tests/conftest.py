@@ -117,11 +117,14 @@ def built(request, name: str, key: str, build: Callable[[Path], None], keep: int
 
 
 def _prune(root: Path, keep: int) -> None:
-    """Builds for older trees: all but the `keep` last used, and builds abandoned a day ago."""
+    """Builds for older trees: all but the `keep` last used, once no session has taken them for two
+    hours (a session still running may be reading one), and builds abandoned a day ago."""
+    now = time.time()
     entries = sorted((p for p in root.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime, reverse=True)
     finished = [p for p in entries if not p.name.startswith(".")]
-    abandoned = [p for p in entries if p.name.startswith(".") and time.time() - p.stat().st_mtime > 86400]
-    for old in finished[keep:] + abandoned:
+    idle = [p for p in finished[keep:] if now - p.stat().st_mtime > 2 * 3600]
+    abandoned = [p for p in entries if p.name.startswith(".") and now - p.stat().st_mtime > 24 * 3600]
+    for old in idle + abandoned:
         shutil.rmtree(old, ignore_errors=True)
 
 
