@@ -78,6 +78,10 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         run_train(params, args.training, args.out, args.checkpoint_dir)
+        # Tear the group down together: a rank that left while rank 0 was still saving was seen
+        # to abort at exit ("terminate called without an active exception", rank 1, under load).
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
