@@ -157,6 +157,28 @@ def tiny_model_dir(request) -> Path:
     return built(request, "tiny-model", key, _tiny_model) / "model"
 
 
+@pytest.fixture(scope="session")
+def untied_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny model with an output head of its own. With the head tied to the embeddings an
+    untrained model's greedy token is the one it was just fed (the chat template's closing role
+    token, a special token), so every text would be empty and agree trivially."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    config.tie_word_embeddings = False
+    assert config.head_dim >= 64  # vLLM's CPU attention needs it
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(config)
+    model.lm_head.weight.data.normal_(0, 0.3)  # wide logit gaps: greedy is not decided by rounding
+    out = tmp_path_factory.mktemp("untied") / "untied"
+    model.save_pretrained(out)
+    for f in tiny_model_dir.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            shutil.copy(f, out / f.name)
+    return out
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A fresh git + DVC repository holding this project's pipeline and a tiny params.yaml."""

@@ -4,13 +4,11 @@ double on loopback."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from fault_double import running
 from models.base import Completion, SamplingParams
@@ -31,24 +29,8 @@ CONVS = [_conversation(n) for n in (1, 2, 3, 5)]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_dir, tmp_path_factory) -> Path:
-    """The tiny model with an output head of its own. With the head tied to the embeddings an
-    untrained model's greedy token is the one it was just fed (the chat template's closing role
-    token, a special token), so every greedy text would be empty and agree trivially."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(tiny_model_dir)
-    config.tie_word_embeddings = False
-    assert config.head_dim >= 64  # vLLM's CPU attention needs it
-    torch.manual_seed(1)
-    model = AutoModelForCausalLM.from_config(config)
-    model.lm_head.weight.data.normal_(0, 0.3)  # wide logit gaps: greedy is not decided by rounding
-    out = tmp_path_factory.mktemp("untied") / "untied"
-    model.save_pretrained(out)
-    for f in tiny_model_dir.iterdir():
-        if f.suffix != ".safetensors" and f.name != "config.json":
-            shutil.copy(f, out / f.name)
-    return out
+def model_dir(untied_model_dir) -> Path:
+    return untied_model_dir
 
 
 @pytest.fixture(scope="module")

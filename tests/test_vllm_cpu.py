@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 import socket
 import subprocess
@@ -52,24 +51,8 @@ SEEDS = list(range(100, 116))
 
 
 @pytest.fixture(scope="module")
-def model_dir(tiny_model_dir, tmp_path_factory) -> Path:
-    """The tiny model with an output head of its own: with the head tied to the embeddings an
-    untrained model mostly samples the chat template's closing token (special, skipped), so its
-    texts would be empty and agree trivially."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.from_pretrained(tiny_model_dir)
-    config.tie_word_embeddings = False
-    torch.manual_seed(1)
-    model = AutoModelForCausalLM.from_config(config)
-    model.lm_head.weight.data.normal_(0, 0.3)
-    out = tmp_path_factory.mktemp("untied") / "untied"
-    model.save_pretrained(out)
-    for f in tiny_model_dir.iterdir():
-        if f.suffix != ".safetensors" and f.name != "config.json":
-            shutil.copy(f, out / f.name)
-    return out
+def model_dir(untied_model_dir) -> Path:
+    return untied_model_dir
 
 
 # --- in process -----------------------------------------------------------------------------
