@@ -5,6 +5,10 @@ executed in the environment (its simulator answers it). Then either the current 
 the episode on against the simulator (roles.forward.backend: policy, as HOPE does), or an LLM
 forward model writes the rest of the game, both sides (HR). Every new trajectory names its
 parent, the turn it branched at and the relabel it came from.
+
+The forward model knows the secret (it answers for the simulator), but the player's lines it
+writes must not use it: a continuation whose player guesses the secret before the answers
+justify that guess (proposer.unjustified_guess) is refused and sampled again.
 """
 from __future__ import annotations
 
@@ -16,6 +20,8 @@ from envs.twenty_questions.format import render_action
 from envs.twenty_questions.game import Game
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.llm_roles import chat, dialogue, parse_continuation
+from envs.twenty_questions.policies import PlayerView
+from envs.twenty_questions.proposer import unjustified_guess
 from models.base import SamplingParams
 from storage.parquet import write_table
 from storage.schema import to_table
@@ -51,7 +57,8 @@ def splice_all(params: Params, pairs: list[tuple[dict, dict]], simulator: Simula
 
 def forward_parser(params: Params, kb, ep: Episode):
     """Parses the forward model's continuation of `ep` and checks, by replaying it, that the game
-    ends exactly at its last line (a win, or the last question answered)."""
+    ends exactly at its last line (a win, or the last question answered) and that the player
+    never guesses the secret before the answers so far justify that guess."""
 
     def parse(text: str) -> list[tuple[str, str]]:
         pairs = parse_continuation(text, len(ep.turns) + 1, params.env.max_turns)
@@ -60,6 +67,9 @@ def forward_parser(params: Params, kb, ep: Episode):
         for k, (q, a) in enumerate(pairs):
             if game.done:
                 raise ValueError(f"Q{len(ep.turns) + k + 1} comes after the game ended")
+            view = PlayerView(ep.candidates, list(game.history), len(game.history), params.env.max_turns)
+            if (why := unjustified_guess(kb, ep.task, view, q)) is not None:
+                raise ValueError(f"Q{len(ep.turns) + k + 1} {why}")
             game.step(q, llm_answer(kb, ep.task, q, a))
         if not game.done:
             raise ValueError(f"the continuation stops at Q{len(ep.turns) + len(pairs)} before the game ends")

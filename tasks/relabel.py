@@ -7,6 +7,9 @@ Two schemes, as the papers run them:
 - hr: one suggestion per dialogue: the controller names the top few turns to improve and one of
   them is chosen at random (HR App. B.1).
 A counterfactual equal to the original action (after normalisation) is dropped and counted.
+An LLM proposer's or controller's output that guesses the secret where the answers do not
+justify that guess (proposer.unjustified_guess) is refused and sampled again, like any output
+it cannot use: the action enters the trajectory as the player's move.
 """
 from __future__ import annotations
 
@@ -15,14 +18,13 @@ import json
 import random
 import time
 from collections import defaultdict
-from functools import partial
 from pathlib import Path
 
 from envs.twenty_questions.format import Action, render_action
-from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.kb import Entity, KnowledgeBase, load_kb
 from envs.twenty_questions.llm_roles import chat, dialogue, parse_controller, parse_proposals, template_hash
 from envs.twenty_questions.policies import PlayerView
-from envs.twenty_questions.proposer import VERSION, OracleProposer, Proposal, same_action
+from envs.twenty_questions.proposer import VERSION, OracleProposer, Proposal, same_action, unjustified_guess
 from storage.parquet import write_table
 from storage.schema import to_table
 from storage.validate import StageInputs
@@ -34,6 +36,34 @@ from tasks.rollout import derive_seed, history
 def window(num_turns: int, a: float, b: float) -> list[int]:
     """The 0-based turns j with a*T <= j < b*T."""
     return [j for j in range(num_turns) if a * num_turns <= j < b * num_turns]
+
+
+def proposals_parser(kb: KnowledgeBase, secret: Entity, view: PlayerView, n: int):
+    """parse_proposals, refusing a question that guesses the secret with hindsight."""
+
+    def parse(text: str):
+        proposals = parse_proposals(text, n, secret.name, secret.category)
+        for i, p in enumerate(proposals):
+            if (why := unjustified_guess(kb, secret, view, p.question)) is not None:
+                raise ValueError(f"proposal {i}: the question {why}")
+        return proposals
+
+    return parse
+
+
+def controller_parser(kb: KnowledgeBase, secret: Entity, traj: dict, candidates: list[Entity], max_turns: int, top: int):
+    """parse_controller, refusing a replacement that guesses the secret with hindsight at its place."""
+    played = history(traj)
+
+    def parse(text: str):
+        places = parse_controller(text, [t["action"] for t in traj["turns"]], top)
+        for i, place in enumerate(places):
+            view = PlayerView(candidates, played[: place.turn], place.turn, max_turns)
+            if (why := unjustified_guess(kb, secret, view, place.replacement)) is not None:
+                raise ValueError(f"place {i + 1}: the replacement {why}")
+        return places
+
+    return parse
 
 
 def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Path) -> dict:
@@ -93,7 +123,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
         )
 
     sites: list[tuple[dict, int, PlayerView]] = []  # hope: (trajectory, turn, what the player saw)
-    dialogues: list[tuple[dict, random.Random]] = []  # hr with an LLM controller: (trajectory, its rng)
+    dialogues: list[tuple[dict, random.Random, list[Entity]]] = []  # hr with an LLM controller: (trajectory, its rng, candidates)
     for task_id, group in sorted(by_task.items()):
         rng = random.Random(derive_seed(params.seed, "relabel", r.mode, task_id))
         secret = kb.get(task_id)
@@ -103,7 +133,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
             played = history(traj)
             candidates = kb.split(traj["split"]) if params.env.show_candidates else list(kb.entities)
             if r.mode == "hr" and llm:
-                dialogues.append((traj, random.Random(rng.getrandbits(32))))
+                dialogues.append((traj, random.Random(rng.getrandbits(32)), candidates))
                 continue
             if r.mode == "hr":
                 places = proposer.critique(secret, candidates, played, params.env.max_turns, r.hr_top)
@@ -126,11 +156,11 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
     if llm and r.mode == "hr":
         gen = make_generator(role, params.cache.path)
         proposer_id = f"{role.backend}:{gen.model_id}"
-        prompts = [chat("controller.j2", secret=t["task_id"], dialogue=dialogue(history(t)), top=r.hr_top) for t, _ in dialogues]
-        parsers = [partial(parse_controller, questions=[x["action"] for x in t["turns"]], top=r.hr_top) for t, _ in dialogues]
-        seeds = [derive_seed(role.seed, "controller", t["trajectory_id"]) for t, _ in dialogues]
+        prompts = [chat("controller.j2", secret=t["task_id"], dialogue=dialogue(history(t)), top=r.hr_top) for t, _, _ in dialogues]
+        parsers = [controller_parser(kb, kb.get(t["task_id"]), t, cands, params.env.max_turns, r.hr_top) for t, _, cands in dialogues]
+        seeds = [derive_seed(role.seed, "controller", t["trajectory_id"]) for t, _, _ in dialogues]
         outcomes = call_parsed(gen, prompts, seeds, parsers, role_sampling(role), role.parse_attempts)
-        for (traj, rng), outcome in zip(dialogues, outcomes):
+        for (traj, rng, _), outcome in zip(dialogues, outcomes):
             if outcome.status != "ok":
                 emit(traj, None, 0, None, outcome.status, outcome.reason)
                 continue
@@ -149,12 +179,12 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
     else:
         gen = make_generator(role, params.cache.path)
         proposer_id = f"{role.backend}:{gen.model_id}"
-        prompts, parsers, seeds = [], [], []  # each site's parser knows its secret, to catch leaks
+        prompts, parsers, seeds = [], [], []  # each site's parser knows its secret and view, to catch leaks
         for traj, turn, view in sites:
             secret = kb.get(traj["task_id"])
             names = [e.name for e in view.candidates] if params.env.show_candidates else None
             prompts.append(chat("proposer.j2", n=r.n, summary=summary_of[traj["trajectory_id"]], history=dialogue(view.history), turn=turn, max_turns=params.env.max_turns, candidates=names))
-            parsers.append(partial(parse_proposals, n=r.n, secret=secret.name, category=secret.category))
+            parsers.append(proposals_parser(kb, secret, view, r.n))
             seeds.append(derive_seed(role.seed, "relabel", traj["trajectory_id"], turn))
         outcomes = call_parsed(gen, prompts, seeds, parsers, role_sampling(role), role.parse_attempts) if sites else []
         for (traj, turn, _), outcome in zip(sites, outcomes):

@@ -1,4 +1,5 @@
 """relabel, regenerate and label on scripted trajectories: proposals, splicing, lineage, labels."""
+import random
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -9,17 +10,19 @@ from envs.twenty_questions.format import parse_action
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.labeler import label_trajectory
 from envs.twenty_questions.policies import ExpertPolicy, NoisyPolicy, PlayerView, consistent
-from envs.twenty_questions.proposer import OracleProposer, same_action
+from envs.twenty_questions.proposer import OracleProposer, justified_guess, same_action, unjustified_guess
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.label import run_label
 from tasks.params import Params
 from tasks.regenerate import run_regenerate, splice
-from tasks.relabel import run_relabel, window
+from tasks.relabel import controller_parser, proposals_parser, run_relabel, window
 from tasks.rollout import ScriptedAgent, derive_seed, new_episode, play
 from tasks.summarize import run_summarize
 
 KB = load_kb()
+TRAIN = KB.split("train")
+ANIMAL = [("Is it an animal?", "yes")]  # leaves Cat, Dog, Horse, Cow, Rabbit, Lion, Tiger and Bear, in that order
 
 
 def params(**overrides) -> Params:
@@ -70,6 +73,112 @@ def test_proposals_are_actions_the_player_could_justify():
     left_one = PlayerView([secret], [], 3, 20)
     (only,) = proposer.propose(secret, left_one, 2)
     assert KB.resolve_guess(only.action.question) == secret
+
+
+def test_last_turn_guess_is_the_rules_pick_whatever_the_secret():
+    # Eight animals fit on the forced last turn: the player guesses the first of them in the
+    # candidate list, Cat, whichever animal the secret is; only the rationale knows better.
+    proposer = OracleProposer(KB)
+    view = PlayerView(TRAIN, ANIMAL, 1, 2)
+    assert view.is_final_turn and [e.name for e in consistent(KB, view)][:1] == ["Cat"]
+    actions = set()
+    for name in ("Tiger", "Bear", "Cat"):
+        secret = KB.get(name)
+        (p,) = proposer.propose(secret, view, 3)
+        actions.add((p.action.reason, p.action.question))
+        assert KB.resolve_guess(p.action.question) == KB.get("Cat") == justified_guess(KB, view)
+        assert name in p.rationale and ("right" if name == "Cat" else "wrong") in p.rationale
+    assert actions == {("Last turn, guess Cat.", "Is it Cat?")}  # the same move for every secret
+
+
+def test_guess_when_no_unasked_question_splits_the_rest_is_the_rules_pick_too():
+    # The answerer said "unknown" to every question that tells Lion from Tiger: no question is
+    # left that could, so the player guesses the first of them, Lion, before the last turn.
+    lion, tiger = KB.get("Lion"), KB.get("Tiger")
+    splitting = [(q.text, "unknown") for q in KB.questions if KB.truth(lion, q) != KB.truth(tiger, q)]
+    view = PlayerView([lion, tiger], splitting, len(splitting), 20)
+    assert not view.is_final_turn
+    for secret in (tiger, lion):
+        (p,) = OracleProposer(KB).propose(secret, view, 2)
+        assert (p.action.reason, p.action.question) == ("Guess Lion.", "Is it Lion?")
+
+
+def test_one_object_left_is_guessed_before_the_last_turn():
+    secret = KB.get("Lion")
+    played = []
+    for q in KB.questions:  # answer questions about the Lion until it is the only object left
+        played.append((q.text, "yes" if KB.truth(secret, q) else "no"))
+        if len(consistent(KB, PlayerView(TRAIN, played, len(played), 20))) == 1:
+            break
+    view = PlayerView(TRAIN, played, len(played), 20)
+    assert not view.is_final_turn and consistent(KB, view) == [secret]
+    (p,) = OracleProposer(KB).propose(secret, view, 3)
+    assert (p.action.reason, p.action.question) == ("Only Lion fits.", "Is it Lion?")
+
+
+def test_before_the_last_turn_the_proposer_asks_and_hindsight_breaks_ties():
+    # After "a vehicle: yes", three questions split the eight vehicles equally well; for each
+    # secret the first proposal is the one whose answer leaves it the fewest objects.
+    proposer, expert = OracleProposer(KB), ExpertPolicy(KB)
+    view = PlayerView(TRAIN, [("Is it a vehicle?", "yes")], 1, 20)
+    left = consistent(KB, view)
+    tied = expert.best_questions(left, view.history)
+    assert len(tied) == 3
+    firsts = set()
+    for secret in left:
+        proposals = proposer.propose(secret, view, 3)
+        assert all(KB.resolve_guess(p.action.question) is None and KB.match_question(p.action.question) for p in proposals)
+        fewest = min(proposer.remaining(secret, view, q.text) for q in tied)
+        first = KB.match_question(proposals[0].action.question)
+        assert first in tied and proposer.remaining(secret, view, first.text) == fewest
+        firsts.add(first)
+    assert len(firsts) > 1  # the order depends on the secret: hindsight chose it
+
+
+def test_hr_critique_of_a_last_turn_with_several_objects_left_does_not_name_the_secret():
+    # Three turns; the last one asks a question that settles nothing about the animals left.
+    # The better last move is a guess, and the guess is the rule's pick (Cat), not the secret.
+    played = [*ANIMAL, ("Is it red?", "no"), ("Is it made of paper?", "no")]
+    for name in ("Tiger", "Bear"):
+        secret = KB.get(name)
+        places = OracleProposer(KB).critique(secret, TRAIN, played, 3, 3)
+        assert places and all(name not in p.action.question and name not in p.action.reason for _, p, _ in places)
+        last = [p for turn, p, _ in places if turn == 2]
+        assert [p.action.question for p in last] == ["Is it Cat?"]
+
+
+def test_a_guess_of_the_secret_is_refused_where_the_answers_do_not_justify_it():
+    tiger, cat = KB.get("Tiger"), KB.get("Cat")
+    early, last = PlayerView(TRAIN, ANIMAL, 1, 20), PlayerView(TRAIN, ANIMAL, 1, 2)
+    assert "8 objects still fit" in unjustified_guess(KB, tiger, early, "Is it Tiger?")
+    assert "the player's pick" in unjustified_guess(KB, tiger, last, "Is it a tiger?")
+    assert unjustified_guess(KB, cat, last, "Is it Cat?") is None  # the rule's pick happens to be right
+    assert unjustified_guess(KB, tiger, early, "Is it Cat?") is None  # a wrong guess does not use the secret
+    assert unjustified_guess(KB, tiger, early, "Is it bigger than a person?") is None
+    assert unjustified_guess(KB, tiger, PlayerView([tiger], [], 0, 20), "Is it Tiger?") is None  # the only one left
+
+
+def test_llm_proposer_and_controller_outputs_that_guess_the_secret_early_are_refused():
+    tiger = KB.get("Tiger")
+    view = PlayerView(TRAIN, ANIMAL, 1, 20)
+    parse = proposals_parser(KB, tiger, view, 2)
+
+    def proposal(question: str) -> str:
+        return f'```json\n[{{"teacher_reason": "t", "question": "{question}", "player_reason": "Narrow it down."}}]\n```'
+
+    assert parse(proposal("Is it Cat?"))[0].question == "Is it Cat?"
+    assert parse(proposal("Does it have stripes or spots?"))[0].question == "Does it have stripes or spots?"
+    with pytest.raises(ValueError, match="proposal 0: the question guesses the secret while 8 objects"):
+        parse(proposal("Is it Tiger?"))
+
+    traj = {"turns": [{"action": q, "observation": a} for q, a in [*ANIMAL, ("Is it red?", "no")]]}
+    parse = controller_parser(KB, tiger, traj, TRAIN, 20, 2)
+    assert parse('1. "Is it red?";colour says little;"Does it have stripes or spots?"/')[0].turn == 1
+    with pytest.raises(ValueError, match="place 1: the replacement guesses the secret"):
+        parse('1. "Is it red?";the secret is a tiger;"Is it Tiger?"/')
+    # At the first turn nothing is known either.
+    with pytest.raises(ValueError, match="guesses the secret while 110 objects"):
+        parse('1. "Is it an animal?";x;"Is it a tiger?"/')
 
 
 def test_relabel_hope_counts_and_drops_counterfactuals_equal_to_the_original(logged, tmp_path):
@@ -192,13 +301,24 @@ def test_forward_model_continuation_must_end_the_game_at_its_last_line(logged, t
     assert not ep.done
     k, secret, other = len(ep.turns) + 1, ep.task.name, next(e.name for e in KB.entities if e != ep.task)
     parse = forward_parser(p, KB, ep)
-    assert parse(f"Q{k}: Is it {other}?\nA{k}: no\nQ{k + 1}: Is it {secret}?\nA{k + 1}: yes") == [(f"Is it {other}?", "no"), (f"Is it {secret}?", "yes")]
+    # The expert player's continuation: questions until only the secret fits, then the guess.
+    played, pairs = list(ep.game.history), []
+    while not pairs or KB.resolve_guess(pairs[-1][0]) != ep.task:
+        action = ExpertPolicy(KB).act(PlayerView(ep.candidates, played, len(played), 20), random.Random(0))
+        q = KB.match_question(action.question)
+        pairs.append((action.question, "yes" if q is None or KB.truth(ep.task, q) else "no"))
+        played.append(pairs[-1])
+    lines = "\n".join(f"Q{k + i}: {q}\nA{k + i}: {a}" for i, (q, a) in enumerate(pairs))
+    assert len(pairs) > 1 and parse(lines) == pairs
     with pytest.raises(ValueError, match="before the game ends"):
         parse(f"Q{k}: Is it {other}?\nA{k}: no")
     with pytest.raises(ValueError, match="before the game ends"):
         parse(f"Q{k}: Is it {other}?\nA{k}: yes")  # a yes to the wrong object is no win
     with pytest.raises(ValueError, match="after the game ended"):
-        parse(f"Q{k}: Is it {secret}?\nA{k}: yes\nQ{k + 1}: Is it red?\nA{k + 1}: no")
+        parse(lines + f"\nQ{k + len(pairs)}: Is it red?\nA{k + len(pairs)}: no")
+    # The forward model knows the secret; its player does not, and may not guess it early.
+    with pytest.raises(ValueError, match=f"Q{k} guesses the secret while"):
+        parse(f"Q{k}: Is it {secret}?\nA{k}: yes")
     # Running out of questions also ends the game.
     last = "\n".join(f"Q{i}: Is it {other}?\nA{i}: no" for i in range(k, 21))
     assert len(parse(last)) == 21 - k

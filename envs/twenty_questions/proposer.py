@@ -1,10 +1,17 @@
 """The oracle hindsight roles: HOPE's counterfactual proposer and HR's hindsight controller.
 
-Both see the secret. Their *rationale* may use it ("the secret is an apple, ..."), but the action
-they propose is one the player could justify from what it saw: the unasked question that splits
-the still-consistent objects most evenly (HOPE's "better question"), or a guess when only one
-object is left. Among equally informative questions, hindsight breaks the tie: the one whose
-answer for the actual secret leaves the fewest objects comes first.
+Both see the secret. Their *rationale* may use it ("the secret is an apple, ..."), and hindsight
+may choose *which* of several justified actions comes first, but the action itself is one the
+player could justify from what it saw: the unasked question that splits the still-consistent
+objects most evenly (HOPE's "better question"), or a guess. Among equally informative questions,
+hindsight breaks the tie: the one whose answer for the actual secret leaves the fewest objects
+comes first.
+
+A guess never reads the secret. It is `justified_guess`: the only object the answers leave, or,
+when several are left and the player must guess anyway (the forced last turn, or no unasked
+question splits them), the first of them in the candidate list's order. So on the last turn
+with several objects left the proposed guess may be wrong; the rationale says so. The same rule
+vets an LLM proposer's, controller's or forward model's guesses (`unjustified_guess`).
 """
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from .format import Action
 from .kb import Entity, KnowledgeBase, normalize
 from .policies import PlayerView, _asked, consistent
 
-VERSION = "oracle-proposer-v1"  # bump when proposals or wording change: relabels are keyed by it
+VERSION = "oracle-proposer-v2"  # bump when proposals or wording change: relabels are keyed by it
 
 
 @dataclass(frozen=True)
@@ -32,6 +39,43 @@ def same_action(kb: KnowledgeBase, a: str, b: str) -> bool:
         return ga == gb
     qa, qb = kb.match_question(a), kb.match_question(b)
     return qa is not None and qa == qb
+
+
+def justified_guess(kb: KnowledgeBase, view: PlayerView) -> Entity | None:
+    """The guess the player could justify from the answers alone, or None when it should still ask.
+
+    One object left: that object. Several left on the forced last turn, or when no unasked
+    question splits them: the first of them in the candidate list's order (`consistent` keeps
+    that order). The rule reads neither the secret nor an rng, so two games with the same
+    dialogue get the same guess whatever their secrets."""
+    left = consistent(kb, view)
+    if len(left) == 1 or view.is_final_turn or not _splitting(kb, left, view.history):
+        return left[0]
+    return None
+
+
+def unjustified_guess(kb: KnowledgeBase, secret: Entity, view: PlayerView, question: str) -> str | None:
+    """Why `question` guesses the secret with hindsight (the answers do not single it out and it
+    is not `justified_guess`'s pick), or None. Guesses of other objects, and questions, pass: they
+    do not use the secret. Answers that no candidate agrees with (a model's answer against the
+    knowledge base) justify nothing and are not judged."""
+    if kb.resolve_guess(question) != secret:
+        return None
+    try:
+        left = consistent(kb, view)
+        pick = justified_guess(kb, view)
+    except ValueError:
+        return None
+    if pick == secret:
+        return None
+    if pick is None:
+        return f"guesses the secret while {len(left)} objects still fit the answers"
+    return f"guesses the secret, not the player's pick among the {len(left)} objects that fit the answers ({pick.name})"
+
+
+def _splitting(kb: KnowledgeBase, left: list[Entity], history: list[tuple[str, str]]) -> bool:
+    asked = {q.key for q in _asked(kb, history)}
+    return any(0 < sum(kb.truth(e, q) for e in left) < len(left) for q in kb.questions if q.key not in asked)
 
 
 class OracleProposer:
@@ -53,11 +97,17 @@ class OracleProposer:
     def propose(self, secret: Entity, view: PlayerView, n: int) -> list[Proposal]:
         """HOPE's pi_H(a | s_t, summary): up to n distinct better actions at this state."""
         left = consistent(self.kb, view)
-        if len(left) == 1 or view.is_final_turn:
-            why = "Only {0} fits." if len(left) == 1 else "Last turn, guess {0}."
-            action = Action(why.format(secret.name), f"Is it {secret.name}?")
-            rationale = f"The secret is {secret.name}; {len(left)} object(s) fit the answers, so guessing it ends the game."
-            return [Proposal(action, rationale)]
+        pick = justified_guess(self.kb, view)
+        if pick is not None:
+            # The guess is the rule's pick, never read from the secret; hindsight only comments.
+            if len(left) == 1:
+                why, situation = f"Only {pick.name} fits.", f"only {pick.name} fits the answers"
+            else:
+                why = f"Last turn, guess {pick.name}." if view.is_final_turn else f"Guess {pick.name}."
+                situation = f"{len(left)} objects fit the answers and the player guesses the first of them in the candidate list, {pick.name}"
+            verdict = "right" if pick == secret else "wrong"
+            rationale = f"The secret is {secret.name}; {situation}, which hindsight shows is {verdict}."
+            return [Proposal(Action(why, f"Is it {pick.name}?"), rationale)]
         asked = {q.key for q in _asked(self.kb, view.history)}
         scored = []
         for order, q in enumerate(self.kb.questions):
