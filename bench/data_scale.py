@@ -10,8 +10,9 @@ trajectories with no label row). Then times, each in its own subprocess so its p
 (sampled, with its child processes' added: our row checks run in worker processes) is its own:
   ours    tasks.standardize.run_standardize: the row checks (reading included), the label join,
           standardize (z-scores, weights, sort) and the export (train.parquet, export/train.parquet);
-  pandas  pd.read_parquet, merge with the labels, groupby-transform z-scores, min-max weights,
-          sort_values, to_parquet of the training table and the export. It checks no rows.
+  pandas  pd.read_parquet, merge with the labels, groupby-transform z-scores (the logged rows'
+          statistics), return-range weights, sort_values, to_parquet of the training table and the
+          export. It checks no rows.
 Prints one table (phase, seconds, peak RSS so far, pandas/ours; and the CPU time of each,
 which the machine's other load changes less than the wall time) and whether the two training
 tables agree (same rows in the same order, same values), and writes bench/out/data_scale.json
@@ -44,6 +45,7 @@ from storage.schema import ID_FIELDS, MESSAGE, TURN, get_schema, trajectory_id
 
 OUT = ROOT / "bench" / "out"
 PER_CONTEXT = 250  # trajectories per task context (Swift's m)
+DATA_VERSION = 2  # in the cache's name; 2: returns within the environment's range
 CHUNK = 50_000  # trajectories generated at a time
 SMALL = 20_000
 
@@ -123,7 +125,7 @@ def _chunk(rng: np.random.Generator, first: int, n: int, contexts: int) -> pa.Ta
         "seed": pa.array(ids, pa.int64()),
         "messages": messages,
         "turns": pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(k)]), pa.int32()), turns),
-        "return": pa.array(np.where(success, 20.0 - k, -k.astype(float))),
+        "return": pa.array(np.where(success, 1.0 - k, -20.0)),  # the environment's: -(turns - 1) for a win, -max_turns for a loss
         "success": pa.array(success),
         "num_turns": pa.array(k, pa.int32()),
     })
@@ -172,7 +174,7 @@ def _labels(rng: np.random.Generator, trajs: pa.Table) -> pa.Table:
 def generate(n: int, seed: int = 0) -> dict[str, Path]:
     """The synthetic inputs for `n` trajectories, made once and reused (a `done` file marks
     a finished set)."""
-    d = OUT / "data_scale" / f"n{n}_s{seed}"
+    d = OUT / "data_scale" / f"n{n}_s{seed}_v{DATA_VERSION}"
     paths = {"collect": d / "collect.parquet", "regenerate": d / "regenerate.parquet", "labels": d / "labels.parquet"}
     if (d / "done").exists():
         return paths
@@ -283,7 +285,8 @@ def child_pandas(data: dict[str, Path], out: Path, backend: str | None) -> dict:
 
     from tasks.params import load_params
 
-    s = load_params(ROOT / "params.yaml").standardize
+    params = load_params(ROOT / "params.yaml")
+    s = params.standardize
     kw = {"dtype_backend": backend} if backend else {}
     sampler = _RssSampler()
     seconds: dict[str, float] = {}
@@ -303,13 +306,12 @@ def child_pandas(data: dict[str, Path], out: Path, backend: str | None) -> dict:
     df = trajs.merge(labels, on="trajectory_id", how="inner")
     lap("join")
     r = df["reward"]
-    g = df.groupby(["env", "task_id"])["reward"]
+    g = r.where(df["source"] != "regeneration").groupby([df["env"], df["task_id"]])  # stats: logged
     n, mean, std = g.transform("count"), g.transform("mean"), g.transform("std")
     df["group_size"], df["group_mean"], df["group_std"] = n, mean, std
     df["standardized_reward"] = ((r - mean) / std).where((n >= 2) & (std != 0), 0.0).where(r.notna())
     df["standardize_status"] = np.select([r.isna(), n < 2, std == 0], ["no_reward", "singleton", "tied"], "ok")
-    lo, hi = r.min(), r.max()
-    df["weight"] = (((r - lo) / (hi - lo)) if hi > lo else r * 0 + 1.0).where(r.notna())
+    df["weight"] = (r + params.env.max_turns) / params.env.max_turns  # weight: return_range
     df = df.sort_values(["task_id", "trajectory_id"])
     lap("standardize")
     training = ["trajectory_id", "task_id", "split", "source", "parent_id", "relabel_id", "messages", "reward",

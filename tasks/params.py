@@ -216,14 +216,28 @@ class RegenerateParams(Strict):
 class StandardizeParams(Strict):
     splits: list[Split] = Field(min_length=1)
     mode: Literal["per_context", "global", "min_max"]
+    # Swift's statistics: logged: each context's logged rows (its m independent samples), every
+    # row scored against them; pooled: every row of the context, regenerations included
+    stats: Literal["logged", "pooled"] = "logged"
+    # Refit's weight, one map for every arm: return_range: (r + env.max_turns) / env.max_turns;
+    # identity: r, already in [0, 1] (a rubric judge's Overall / 10)
+    weight: Literal["return_range", "identity"] = "return_range"
     clip: float | None = Field(None, gt=0)
 
 
 class MethodParams(Strict):
     algorithm: Literal["sft", "refit", "swift", "filtered_bc"]
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
+    # HOPE's alpha: the regenerations' share of this method's rows (tasks/train: training_rows); null: every row
+    alpha: float | None = Field(None, ge=0, lt=1)
     top_fraction: float = Field(0.25, gt=0, le=1)  # filtered_bc only
     learning_rate: float | None = Field(None, gt=0)  # this method's own; null: train.learning_rate
+
+    @model_validator(mode="after")
+    def _alpha_needs_hindsight(self) -> MethodParams:
+        if self.alpha is not None and self.data == "logged":
+            raise ValueError("alpha is the share of hindsight rows, and data: logged has none; use data: all with alpha")
+        return self
 
 
 class MethodConfig(Strict):

@@ -1,14 +1,32 @@
 """standardize: turn labelled rewards into training weights.
 
 Swift (per-context): over the m trajectories of one context x (a task), z = (r - mean) / std
-with the unbiased (m - 1) standard deviation. Two cases the paper leaves open are decided here:
-- std = 0 (every trajectory of the context got the same reward): no trajectory is better than
-  another, so each gets z = 0 and status "tied" (as GRPO does), rather than dividing by ~0.
-- m = 1: the sample standard deviation is undefined; z = 0 and status "singleton".
-Refit's weight is the labelled reward min-max scaled to [0, 1] over the table: Refit assumes a
-non-negative reward, and the environment's returns are <= 0 (all equal rewards give weight 1,
-plain SFT). Rows without a reward (labelling failed) keep a null weight with status "no_reward" and are left
-out of every statistic. Also global z-scores and min-max scaling, and optional clipping.
+with the unbiased (m - 1) standard deviation. The paper's m are independent samples of the
+context, which the logged trajectories are and the regenerations are not (each shares a logged
+prefix). So with `stats: logged` (the default) a context's mean and std come from its logged
+rows alone, and every row of the context, regenerations included, is scored against them: a
+regeneration's z says how much better or worse it did than the logging policy does from that
+context. `stats: pooled` takes the statistics over every row of the context instead.
+Two cases the paper leaves open are decided here, on the rows the statistics come from:
+- std = 0 (every such trajectory got the same reward): no trajectory is better than another,
+  so each row of the context gets z = 0 and status "tied" (as GRPO does), rather than
+  dividing by ~0. With `stats: logged` a regeneration of a tied context gets 0 too: there is
+  no scale to measure it by.
+- fewer than 2 such trajectories: the sample standard deviation is undefined; z = 0 and
+  status "singleton".
+group_size, group_mean and group_std are the statistics used.
+
+Refit's weight is the reward itself in [0, 1] (the paper's Overall/10), through a fixed map
+that depends on the reward and the environment only, never on which rows are in the table, so
+every arm weighs a trajectory alike (`weight`):
+- return_range: an environment return r in [-max_turns, 0] weighs (r + max_turns) / max_turns.
+  In TwentyQuestions a failed game returns -max_turns, so weight 0; a win at turn j returns
+  -(j - 1), so weight 1 - (j - 1) / max_turns.
+- identity: the reward is already in [0, 1] (a rubric judge's Overall / 10).
+A reward outside the map's range is an error naming the rows: it means the labeler's scale
+and this knob disagree. Rows without a reward (labelling failed) keep a null weight with
+status "no_reward" and are left out of every statistic. Also global z-scores and min-max
+scaling of the standardized reward, and optional clipping.
 """
 from __future__ import annotations
 
@@ -33,6 +51,8 @@ from storage.validate import BATCH_ROWS, CheckPool, StageInputs, read_rows, row_
 from tasks.plots import histogram, write_plot
 
 Mode = Literal["per_context", "global", "min_max"]
+Stats = Literal["logged", "pooled"]
+WeightMap = Literal["return_range", "identity"]
 
 
 def standardize(
@@ -41,24 +61,28 @@ def standardize(
     reward: str = "reward",
     group_by: tuple[str, ...] = ("env", "task_id"),
     clip: float | None = None,
+    stats: Stats = "logged",
 ) -> pl.DataFrame:
-    """`df` plus group_size, group_mean, group_std, standardized_reward and standardize_status."""
-    if reward not in df.columns:
-        raise ValueError(f"standardize: no column {reward!r} (columns: {', '.join(df.columns)})")
+    """`df` plus group_size, group_mean, group_std, standardized_reward and standardize_status.
+    stats: logged takes the statistics over the rows whose source is not "regeneration"."""
+    needed = [reward] + (["source"] if stats == "logged" else [])
+    if missing := [c for c in needed if c not in df.columns]:
+        raise ValueError(f"standardize: no column {missing[0]!r} (columns: {', '.join(df.columns)})")
     if clip is not None and clip <= 0:
         raise ValueError(f"standardize: clip must be > 0, got {clip}")
     r = pl.col(reward)
     present = r.is_not_null()
+    sample = pl.when(pl.col("source") != "regeneration").then(r) if stats == "logged" else r  # null: not a sample
     over = list(group_by) if mode == "per_context" else None
 
     def window(e: pl.Expr) -> pl.Expr:
         return e.over(over) if over else e
 
-    n = window(present.sum()).cast(pl.Int64)
-    mean = window(r.mean())
-    std = window(r.std(ddof=1))
+    n = window(sample.is_not_null().sum()).cast(pl.Int64)
+    mean = window(sample.mean())
+    std = window(sample.std(ddof=1))
     if mode == "min_max":
-        lo, hi = r.min(), r.max()
+        lo, hi = sample.min(), sample.max()
         value = pl.when(hi > lo).then((r - lo) / (hi - lo)).otherwise(0.0)
         status = pl.when(hi > lo).then(pl.lit("ok")).otherwise(pl.lit("tied"))
     else:
@@ -80,10 +104,25 @@ def counts(df: pl.DataFrame) -> dict[str, int]:
     return dict(df.group_by("standardize_status").len().sort("standardize_status").iter_rows())
 
 
-def refit_weight(df: pl.DataFrame, reward: str = "reward") -> pl.DataFrame:
+def weight_range(weight: WeightMap, max_turns: int) -> tuple[float, float]:
+    """The rewards `weight` maps onto [0, 1], linearly: lowest to 0, highest to 1."""
+    return {"return_range": (-float(max_turns), 0.0), "identity": (0.0, 1.0)}[weight]
+
+
+def refit_weight(df: pl.DataFrame, weight: WeightMap, max_turns: int, reward: str = "reward") -> pl.DataFrame:
+    """`df` plus Refit's `weight` (null without a reward). ValueError naming the rows whose
+    reward is outside the map's range."""
+    lo, hi = weight_range(weight, max_turns)
     r = pl.col(reward)
-    lo, hi = r.min(), r.max()
-    return df.with_columns(weight=pl.when(r.is_null()).then(None).when(hi > lo).then((r - lo) / (hi - lo)).otherwise(1.0))
+    outside = df.filter(r.is_not_null() & ((r < lo) | (r > hi)))
+    if outside.height:
+        rows = ", ".join(f"{t} ({v:g})" for t, v in outside.select("trajectory_id", reward).head(5).iter_rows())
+        other = "identity (rewards in [0, 1])" if weight == "return_range" else "return_range (returns in [-env.max_turns, 0])"
+        raise ValueError(
+            f"standardize: {outside.height} reward(s) outside [{lo:g}, {hi:g}], the range of standardize.weight: {weight}"
+            f" (env.max_turns {max_turns}): {rows}{', ...' if outside.height > 5 else ''}; does the labeler's scale want weight: {other}?"
+        )
+    return df.with_columns(weight=(r - lo) / (hi - lo))
 
 
 TRAINING_COLUMNS = [
@@ -153,9 +192,9 @@ def run_standardize(
         ], "quarantine"))
     joined = joined.filter(pl.col("status").is_not_null())
     clock.lap("join")
-    out = standardize(joined, mode=s.mode, group_by=("env", "task_id"), clip=s.clip)
+    out = standardize(joined, mode=s.mode, group_by=("env", "task_id"), clip=s.clip, stats=s.stats)
     columns = [c for c in TRAINING_COLUMNS if c != "messages"]
-    out = refit_weight(out).select(*columns, "_file", "_row").sort("task_id", "trajectory_id")
+    out = refit_weight(out, s.weight, params.env.max_turns).select(*columns, "_file", "_row").sort("task_id", "trajectory_id")
     clock.lap("standardize")
     _write_tables(out, [str(p) for p in trajectory_files], out_dir)
     for name, hist in weight_histograms(out).items():
@@ -167,6 +206,8 @@ def run_standardize(
         "rows_other_splits": rows_in - trajs.height,
         "rows_out": out.height,
         "mode": s.mode,
+        "stats": s.stats,
+        "weight": s.weight,
         "clip": s.clip,
         "by_source": dict(sorted(out.group_by("source").len().iter_rows())),
         "status": counts(out),

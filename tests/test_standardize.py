@@ -1,5 +1,6 @@
-"""Standardization on hand-computed examples, std = 0 and m = 1 included; the stage streaming
-its inputs writes what it writes in one piece."""
+"""Standardization on hand-computed examples, std = 0 and m = 1 included, with the statistics
+of the logged rows or of every row; Refit's weight map; the stage streaming its inputs writes
+what it writes in one piece."""
 import importlib.util
 import math
 from pathlib import Path
@@ -15,12 +16,18 @@ import tasks.standardize as stage
 from storage import validate
 from storage.parquet import TableWriter, write_table
 from tasks.params import load_params
-from tasks.standardize import counts, standardize
+from tasks.standardize import counts, refit_weight, standardize
 
 
-def frame(groups: dict[str, list]) -> pl.DataFrame:
-    rows = [{"env": "e", "task_id": t, "reward": r} for t, rs in groups.items() for r in rs]
-    return pl.DataFrame(rows, schema={"env": pl.Utf8, "task_id": pl.Utf8, "reward": pl.Float64})
+def frame(groups: dict[str, list], regenerations: dict[str, list] | None = None) -> pl.DataFrame:
+    """One row per reward: logged rows (source "policy") per task, then its regenerations."""
+    rows = [
+        {"trajectory_id": f"{t}-{source[0]}{i}", "env": "e", "task_id": t, "source": source, "reward": r}
+        for source, tasks in (("policy", groups), ("regeneration", regenerations or {}))
+        for t, rs in tasks.items() for i, r in enumerate(rs)
+    ]
+    schema = {"trajectory_id": pl.Utf8, "env": pl.Utf8, "task_id": pl.Utf8, "source": pl.Utf8, "reward": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
 
 
 def z(df: pl.DataFrame, task: str) -> list:
@@ -74,11 +81,68 @@ def test_clipping():
     assert max(values) == 1.0 and min(values) == pytest.approx(-0.4472135955)
 
 
+def test_logged_statistics_score_every_row_of_the_context_against_its_logged_rows():
+    # Logged -20, -20, -5: mean -15, sample std sqrt((25 + 25 + 100) / 2) = sqrt(75). The
+    # regenerations -2 and -20 are scored against them: (-2 + 15) / sqrt(75), (-20 + 15) / sqrt(75).
+    df = frame({"a": [-20.0, -20.0, -5.0]}, {"a": [-2.0, -20.0]})
+    out = standardize(df)
+    s75 = math.sqrt(75)
+    assert z(out, "a") == pytest.approx([-5 / s75, -5 / s75, 10 / s75, 13 / s75, -5 / s75])
+    assert out["group_size"].to_list() == [3] * 5 and out["group_mean"].to_list() == pytest.approx([-15.0] * 5)
+    assert out["group_std"].to_list() == pytest.approx([s75] * 5) and counts(out) == {"ok": 5}
+    # pooled: the five rewards together, mean -13.4.
+    pooled = standardize(df, stats="pooled")
+    assert pooled["group_size"].to_list() == [5] * 5 and pooled["group_mean"].to_list() == pytest.approx([-13.4] * 5)
+
+
+def test_the_tie_rules_apply_to_the_logged_rows_and_their_regenerations_follow():
+    out = standardize(frame({"tied": [-20.0, -20.0, -20.0], "one": [-20.0]}, {"tied": [-3.0], "one": [-3.0, -1.0]}))
+    assert z(out, "tied") == [0.0] * 4 and z(out, "one") == [0.0] * 3
+    assert out.filter(pl.col("task_id") == "tied")["standardize_status"].to_list() == ["tied"] * 4
+    assert out.filter(pl.col("task_id") == "one")["standardize_status"].to_list() == ["singleton"] * 3
+    # Pooled, the regenerations break both ties.
+    assert counts(standardize(frame({"tied": [-20.0, -20.0, -20.0], "one": [-20.0]}, {"tied": [-3.0], "one": [-3.0, -1.0]}), stats="pooled")) == {"ok": 7}
+
+
+def test_refit_weight_maps_an_environment_return_onto_zero_to_one():
+    # TwentyQuestions: -1 per turn, 0 for the correct guess, so a win at turn j returns -(j - 1)
+    # and weighs 1 - (j - 1) / T; a loss returns -T and weighs 0.
+    df = frame({"a": [-20.0, 0.0, -4.0, -19.0, None]})
+    assert refit_weight(df, "return_range", 20)["weight"].to_list() == pytest.approx([0.0, 1.0, 0.8, 0.05, None])
+    assert refit_weight(frame({"a": [-8.0, -2.0]}), "return_range", 8)["weight"].to_list() == pytest.approx([0.0, 0.75])
+
+
+def test_refit_weight_identity_keeps_a_reward_already_in_zero_to_one():
+    df = frame({"a": [0.0, 0.35, 1.0, None]})  # a rubric judge's Overall / 10
+    assert refit_weight(df, "identity", 20)["weight"].to_list() == [0.0, 0.35, 1.0, None]
+
+
+def test_a_reward_outside_the_weight_map_is_an_error_naming_the_rows():
+    with pytest.raises(ValueError, match=r"1 reward\(s\) outside \[-20, 0\].*weight: return_range.*: a-p1 \(0\.7\).*weight: identity"):
+        refit_weight(frame({"a": [-3.0, 0.7]}), "return_range", 20)
+    with pytest.raises(ValueError, match=r"2 reward\(s\) outside \[0, 1\].*: a-p0 \(-3\), a-p2 \(-20\)"):
+        refit_weight(frame({"a": [-3.0, 0.7, -20.0]}), "identity", 20)
+
+
+def test_the_logged_rows_weigh_the_same_with_or_without_regenerations_in_the_table():
+    # The regenerations reach a return (-1) and a z beyond the logged rows'; neither may move
+    # the logged rows' Refit weight or Swift z, so the logged-only arm sees the same numbers.
+    logged = {"a": [-20.0, -5.0, -12.0], "b": [-20.0, -20.0, -3.0]}
+    alone = refit_weight(standardize(frame(logged)), "return_range", 20)
+    mixed = refit_weight(standardize(frame(logged, {"a": [-1.0, -20.0], "b": [0.0]})), "return_range", 20)
+    mixed = mixed.filter(pl.col("source") != "regeneration")
+    assert mixed["trajectory_id"].to_list() == alone["trajectory_id"].to_list()
+    for column in ("weight", "standardized_reward", "group_mean", "group_std", "group_size"):
+        assert mixed[column].to_list() == alone[column].to_list(), column
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="no column 'score'"):
         standardize(frame({"a": [1.0]}), reward="score")
     with pytest.raises(ValueError, match="clip must be > 0"):
         standardize(frame({"a": [1.0]}), clip=0)
+    with pytest.raises(ValueError, match="no column 'source'"):  # stats: logged tells the logged rows by it
+        standardize(frame({"a": [1.0]}).drop("source"))
 
 
 # --- the stage streaming its inputs --------------------------------------------------------------

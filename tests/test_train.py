@@ -1,17 +1,19 @@
 """Every trainer puts zero loss on observation and prompt tokens; the export trains in TRL as is;
-filtered BC keeps the top fraction; the train stage writes one model per method."""
+filtered BC keeps the top fraction; alpha mixes hindsight rows in at its share; the train stage
+writes one model per method."""
 import json
 
 import polars as pl
 import pytest
 import torch
+from pydantic import ValidationError
 from transformers import Trainer, TrainingArguments
 
 from conftest import tiny_params
 from models.tiny import make_model, train_tokenizer
 from storage.parquet import write_table
-from tasks.params import Params
-from tasks.train import filtered_bc
+from tasks.params import MethodParams, Params
+from tasks.train import filtered_bc, training_rows
 from tasks.train.refit import RewardWeightedTrainer
 from tasks.train.sft import IGNORE, PadCollator, tokenize_chats
 
@@ -97,6 +99,60 @@ def test_filtered_bc_keeps_the_top_fraction_with_a_fixed_tie_break():
     assert filtered_bc.select(floor, 0.5)["trajectory_id"].to_list() == ["a"]  # all tied: the top fraction as usual
 
 
+def test_filtered_bc_keeps_nothing_when_no_trajectory_has_a_reward():
+    unrated = pl.DataFrame({"trajectory_id": list("ab"), "reward": [None, None]}, schema={"trajectory_id": pl.Utf8, "reward": pl.Float64})
+    assert filtered_bc.select(unrated, 0.5).height == 0
+    assert filtered_bc.select(unrated.clear(), 0.5).height == 0
+
+
+def mixed(logged: int, hindsight: int) -> pl.DataFrame:
+    """A training table's rows, as far as the selection reads them: logged l0.., then regenerations h0.."""
+    return pl.DataFrame({
+        "trajectory_id": [f"l{i}" for i in range(logged)] + [f"h{i}" for i in range(hindsight)],
+        "source": ["policy"] * logged + ["regeneration"] * hindsight,
+    })
+
+
+def ids(table: pl.DataFrame, prefix: str) -> set[str]:
+    return {i for i in table["trajectory_id"] if i.startswith(prefix)}
+
+
+def test_alpha_keeps_every_logged_row_and_draws_the_hindsight_share():
+    alpha = MethodParams(algorithm="refit", alpha=0.4)
+    table = mixed(6, 7)
+    data, counts = training_rows(table, alpha, seed=0)
+    # round(0.4 / 0.6 * 6) = 4 of the 7 regenerations: 4 of 10 rows.
+    assert counts == {"rows_logged": 6, "rows_hindsight": 4, "hindsight_share": 0.4}
+    assert ids(data, "l") == ids(table, "l") and len(ids(data, "h")) == 4
+    assert data["trajectory_id"].to_list() == [i for i in table["trajectory_id"] if i in set(data["trajectory_id"])]  # table order
+    # Deterministic: the same rows on a rerun and in any row order; another seed draws others.
+    assert training_rows(table, alpha, seed=0)[0].equals(data)
+    assert ids(training_rows(table.reverse(), alpha, seed=0)[0], "h") == ids(data, "h")
+    assert ids(training_rows(table, alpha, seed=1)[0], "h") != ids(data, "h")
+    # alpha 0: no hindsight; null: every row; data: logged: the logged rows.
+    assert training_rows(table, MethodParams(algorithm="refit", alpha=0.0), 0)[1] == {"rows_logged": 6, "rows_hindsight": 0, "hindsight_share": 0.0}
+    assert training_rows(table, MethodParams(algorithm="refit"), 0)[0].equals(table)
+    assert training_rows(table, MethodParams(algorithm="refit", data="logged"), 0)[1]["rows_hindsight"] == 0
+
+
+def test_alpha_with_too_few_regenerations_keeps_them_all_and_subsamples_the_logged_rows():
+    alpha = MethodParams(algorithm="swift", alpha=0.4)
+    table = mixed(6, 2)  # 4 regenerations wanted, 2 exist: round(2 * 0.6 / 0.4) = 3 logged rows
+    data, counts = training_rows(table, alpha, seed=0)
+    assert counts == {"rows_logged": 3, "rows_hindsight": 2, "hindsight_share": 0.4}
+    assert ids(data, "h") == {"h0", "h1"} and ids(data, "l") < ids(table, "l")
+    assert training_rows(table, alpha, seed=0)[0].equals(data)
+    # No regeneration at all: no share can be reached, and the logged rows are kept.
+    assert training_rows(mixed(6, 0), alpha, 0)[1] == {"rows_logged": 6, "rows_hindsight": 0, "hindsight_share": 0.0}
+
+
+def test_alpha_needs_hindsight_rows_and_a_share_below_one():
+    with pytest.raises(ValidationError, match="data: logged has none"):
+        MethodParams(algorithm="refit", data="logged", alpha=0.4)
+    with pytest.raises(ValidationError, match="alpha"):
+        MethodParams(algorithm="refit", alpha=1.0)
+
+
 def test_train_stage_writes_a_model_and_a_loss_curve_per_method(tiny_model_dir, tmp_path):
     def row(i: str, source: str, reward: float, z: float, w: float) -> dict:
         return {
@@ -115,6 +171,10 @@ def test_train_stage_writes_a_model_and_a_loss_curve_per_method(tiny_model_dir, 
     assert set(methods) == set(params.train.methods)
     assert methods["refit_logged"]["rows"] == 1  # logged only, and weight 0 carries no gradient
     assert methods["refit"]["rows"] == 2 and methods["refit"]["rows_skipped"] == 1
+    # alpha 0.4 of params.yaml: round(0.4 / 0.6 * 2) = 1 regeneration beside the 2 logged rows.
+    assert (methods["refit"]["alpha"], methods["refit"]["rows_logged"], methods["refit"]["rows_hindsight"]) == (0.4, 2, 1)
+    assert methods["refit"]["hindsight_share"] == pytest.approx(1 / 3)
+    assert (methods["refit_logged"]["rows_logged"], methods["refit_logged"]["rows_hindsight"]) == (2, 0)
     assert methods["swift"]["rows"] == 3  # negative weights included
     assert methods["sft"]["rows"] == 3
     assert methods["filtered_bc"]["rows"] == 1  # ceil(0.25 * 3)

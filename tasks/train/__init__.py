@@ -2,7 +2,8 @@
 
 Every method starts from the same base model with the same seed, so their evaluations differ
 only by the data and the loss. A method's `data: logged` keeps the logged trajectories alone
-(no hindsight regenerations), the comparison the miniature reproduction makes.
+(no hindsight regenerations), the comparison the miniature reproduction makes; its `alpha` mixes
+the regenerations in at that share of its rows, as HOPE's replay buffer does (training_rows).
 
 With a checkpoint directory, a killed run resumes: each method keeps its checkpoints, then its
 finished model and result, under checkpoint_dir/<method>/<key>, the key a hash of all it trains
@@ -47,6 +48,41 @@ def _file_digest(paths: list[Path], root: Path) -> str:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def training_rows(table: pl.DataFrame, method, seed: int) -> tuple[pl.DataFrame, dict]:
+    """The rows of the training table `method` trains on (in the table's order), and how many
+    are logged and hindsight (source "regeneration"), with the hindsight share.
+
+    data: logged drops the regenerations. alpha (HOPE's hindsight share, in [0, 1)) keeps every
+    logged row and round(alpha / (1 - alpha) * logged) regenerations; with fewer regenerations
+    than that, it keeps them all and subsamples the logged rows to round(regenerations * (1 -
+    alpha) / alpha), so the share is alpha up to rounding (with no regeneration at all, no share
+    can be reached and the logged rows are kept). The rows drawn are the first by a hash of
+    (seed, trajectory_id): the same on every run, and a row's draw does not depend on the
+    other rows in the table."""
+    hindsight = pl.col("source") == "regeneration"
+    if method.data == "logged":
+        table = table.filter(~hindsight)
+    elif method.alpha is not None:
+        logged, regenerations, a = table.filter(~hindsight), table.filter(hindsight), method.alpha
+        wanted = round(a / (1 - a) * logged.height)
+        if wanted <= regenerations.height:
+            table = table.filter(~hindsight | pl.col("trajectory_id").is_in(_drawn(regenerations, wanted, seed)))
+        elif regenerations.height:
+            kept = min(logged.height, round(regenerations.height * (1 - a) / a))
+            table = table.filter(hindsight | pl.col("trajectory_id").is_in(_drawn(logged, kept, seed)))
+    n_hindsight = table.filter(hindsight).height
+    return table, {
+        "rows_logged": table.height - n_hindsight, "rows_hindsight": n_hindsight,
+        "hindsight_share": n_hindsight / table.height if table.height else None,
+    }
+
+
+def _drawn(rows: pl.DataFrame, n: int, seed: int) -> list[str]:
+    """The trajectory IDs of `n` of `rows`: the first by sha256 of (seed, trajectory_id)."""
+    ids = rows["trajectory_id"].to_list()
+    return sorted(ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())[:n]
 
 
 def _method_store(checkpoint_dir: Path, name: str, inputs: str, method, cfg, seed: int) -> Path:
@@ -142,13 +178,13 @@ def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None
             cfg = cfg.model_copy(update={"checkpoint_dir": store / "trainer"})
             if resume := latest_checkpoint(store / "trainer"):
                 print(f"train {name}: resuming from its checkpoint at step {resume.name.rsplit('-', 1)[1]}", flush=True)
-        data = table.filter(pl.col("source") != "regeneration") if method.data == "logged" else table
+        data, mix = training_rows(table, method, params.seed)
         set_seed(params.seed)
         torch.use_deterministic_algorithms(True)
         tokenizer = AutoTokenizer.from_pretrained(tp.base_model)
         model = AutoModelForCausalLM.from_pretrained(tp.base_model, dtype=torch.float32)
         if main:
-            print(f"train {name}: {method.algorithm} on {data.height} trajectories ({method.data})", flush=True)
+            print(f"train {name}: {method.algorithm} on {data.height} trajectories ({mix['rows_logged']} logged, {mix['rows_hindsight']} hindsight)", flush=True)
         try:
             result = algorithms()[method.algorithm](model, tokenizer, data, cfg, params.seed)
         except TrainingDiverged as e:
@@ -168,6 +204,8 @@ def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None
         metrics["methods"][name] = {
             "algorithm": method.algorithm,
             "data": method.data,
+            "alpha": method.alpha,
+            **mix,
             **result,
             "trained": result["rows"] > 0,
             "final_loss": points[-1]["loss"] if points else None,

@@ -17,6 +17,8 @@ from tasks.train import sft
 
 def select(table: pl.DataFrame, top_fraction: float) -> pl.DataFrame:
     rated = table.filter(pl.col("reward").is_not_null()).sort(["reward", "trajectory_id"], descending=[True, False])
+    if rated.is_empty():  # no reward to rank by (every label failed): nothing to clone
+        return rated
     top = rated.head(math.ceil(top_fraction * rated.height))
     floor = rated["reward"].min()
     return top.filter(pl.col("reward") > floor) if rated["reward"].max() > floor else top
