@@ -1,18 +1,23 @@
 """bootstrap: build the embedded default policy from nothing.
 
-Scripted behaviour policies play the train tasks; a BPE tokenizer and a small Llama are trained
-on their demonstrations by SFT (loss on agent turns only). The trained policy then plays beside
-the scripted ones so its success rate can be read next to theirs.
+Scripted behaviour policies play the train tasks (bootstrap.demo_splits); a BPE tokenizer and a
+small Llama are trained by SFT (loss on agent turns only) on their demonstrations and on fact
+sheets about every object of every split (envs/twenty_questions/facts.py), which stand in for
+what a pretrained LLM knows: val and test games stay unseen, their objects do not. The trained
+policy then plays beside the scripted ones so its success rate can be read next to theirs.
 """
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
 import torch
-from transformers import set_seed
+from transformers import TrainerCallback, set_seed
 
+from envs.twenty_questions.facts import fact_sheets
 from envs.twenty_questions.format import system_prompt
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.policies import ExpertPolicy, NoisyPolicy, RandomPolicy, make_behaviour_policy
@@ -72,6 +77,25 @@ def evaluate_model(params: Params, model_dir: Path, splits: list[str]) -> dict:
     return stats_by_split(episodes)
 
 
+class _Snapshots(TrainerCallback):
+    """Saves the model every `every` epochs (the learning curve's points)."""
+
+    def __init__(self, every: int, folder: Path, tokenizer) -> None:
+        self.every, self.folder, self.tokenizer, self.saved = every, folder, tokenizer, []
+
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        epoch = round(state.epoch)
+        if epoch % self.every == 0 and epoch < args.num_train_epochs:
+            path = self.folder / f"epoch-{epoch}"
+            model.save_pretrained(path)
+            self.tokenizer.save_pretrained(path)
+            self.saved.append((epoch, path))
+
+
+def _success(stats: dict) -> dict:
+    return {split: s["success_rate"] for split, s in stats.items()}
+
+
 def run_bootstrap(params: Params, out_dir: Path) -> dict:
     """Writes out_dir/model (HF model directory), demos.parquet and metrics.json."""
     t0 = time.time()
@@ -81,11 +105,12 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     kb = load_kb()
 
     demos = demonstrations(params)
+    facts = fact_sheets(kb, b.facts_per_object, derive_seed(params.seed, "facts"))
     demo_seconds = time.time() - t0
     rows = [e.to_row() for e in demos]
     write_table(to_table(sorted(rows, key=lambda r: r["trajectory_id"]), "trajectories"), out_dir / "demos.parquet", "trajectories")
 
-    conversations = [e.messages for e in demos]
+    conversations = [e.messages for e in demos] + facts
     # The tokenizer also sees every object name and the candidate-list prompt, so held-out
     # objects encode as compactly as training ones.
     names = [n for e in kb.entities for n in (e.name, *e.aliases)]
@@ -97,7 +122,9 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     model = make_model(tokenizer, m.hidden_size, m.num_layers, m.num_heads, m.head_dim, m.intermediate_size, m.max_length)
     tokenized = tokenize_chats(tokenizer, conversations, m.max_length)
     t_train = time.time()
-    curve = train_sft(model, tokenizer, tokenized.examples, seed=params.seed, **b.train.model_dump())
+    snapshots_dir = Path(tempfile.mkdtemp(prefix="retrosight-bootstrap-"))
+    snapshots = _Snapshots(b.curve_every, snapshots_dir, tokenizer) if b.curve_every else None
+    curve = train_sft(model, tokenizer, tokenized.examples, seed=params.seed, callbacks=(snapshots,) if snapshots else (), **b.train.model_dump())
     train_seconds = time.time() - t_train
 
     model_dir = out_dir / "model"
@@ -106,6 +133,10 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
 
     t_eval = time.time()
     model_success = evaluate_model(params, model_dir, b.eval_splits)
+    learning_curve = [
+        {"epoch": epoch, **_success(evaluate_model(params, path, b.eval_splits))} for epoch, path in (snapshots.saved if snapshots else [])
+    ] + ([{"epoch": b.train.epochs, **_success(model_success)}] if snapshots else [])
+    shutil.rmtree(snapshots_dir)
     eval_seconds = time.time() - t_eval
     metrics = {
         "demonstrations": {
@@ -116,12 +147,15 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
             "truncated": tokenized.truncated,
             "seconds": round(demo_seconds, 1),
         },
+        "fact_sheets": len(facts),  # riddles about every object; the token counts above include them
         "model": {
             "parameters": sum(p.numel() for p in model.parameters()),
             "final_loss": curve[-1]["loss"] if curve else None,
             "train_seconds": round(train_seconds, 1),
             "success": model_success,
             "eval_seconds": round(eval_seconds, 1),
+            # success on eval_splits at eval_sampling after every curve_every epochs
+            **({"learning_curve": learning_curve} if snapshots else {}),
         },
         "scripted": scripted_baselines(params, b.eval_splits),
         "seconds": round(time.time() - t0, 1),

@@ -148,6 +148,7 @@ class SamplingParams(Strict):
 class BootstrapParams(Strict):
     demo_splits: list[Split] = Field(min_length=1)
     demos_per_task: int = Field(ge=1)
+    facts_per_object: int = Field(0, ge=0)  # riddles per object of every split (envs/twenty_questions/facts.py)
     behaviour_mix: dict[Literal["expert", "noisy", "random"], float]
     noisy: NoisyParams
     tokenizer: TokenizerParams
@@ -156,6 +157,7 @@ class BootstrapParams(Strict):
     eval_splits: list[Split]
     eval_sampling: SamplingParams
     eval_batch_size: int = Field(ge=1)
+    curve_every: int | None = Field(None, ge=1)  # also evaluate a snapshot every N epochs: the learning curve
     limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split: quick smoke runs
 
     @model_validator(mode="after")

@@ -25,6 +25,7 @@ TINY = {
     "env": {"max_turns": 8},  # short games: every stage's rollouts stay cheap
     "bootstrap": {
         "demos_per_task": 2,
+        "facts_per_object": 1,
         "limit_tasks": 3,
         "eval_splits": ["train"],
         "eval_sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24},

@@ -234,6 +234,7 @@ def train_sft(
     checkpoint_steps: int = 10,
     padding_free: bool = False,
     trainer_cls: type[Trainer] = Trainer,
+    callbacks: tuple[TrainerCallback, ...] = (),
     **trainer_kwargs,
 ) -> list[dict]:
     """Train in place with the HF Trainer (or a subclass with its own loss, such as Refit's);
@@ -288,7 +289,7 @@ def train_sft(
             args=args,
             train_dataset=_ListDataset(examples),
             data_collator=PadCollator(tokenizer.pad_token_id, padding_free),
-            callbacks=[LossGuard(max_loss_ratio)] + ([ExactResume(torch.load(resume / EPOCH_RNG) if resume else None)] if checkpoint_dir else []),
+            callbacks=[LossGuard(max_loss_ratio), *callbacks] + ([ExactResume(torch.load(resume / EPOCH_RNG) if resume else None)] if checkpoint_dir else []),
             **trainer_kwargs,
         )
         if padding_free:

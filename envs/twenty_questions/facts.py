@@ -1,0 +1,52 @@
+"""What a pretrained LLM knows about the objects, outside any game.
+
+The base policy is trained from scratch, so it knows nothing about an object it never played
+unless it is told. A pretrained LLM has read that an apple is a red fruit that grows on trees:
+it can name an object from a description, which is what lets it finish a game about an object
+it was never shown playing. `fact_sheets` writes that knowledge as riddles: a random set of true
+statements about one object, each a question of the question set with its answer, enough to
+tell it apart from every other object, then its name. They cover every object of every split;
+game demonstrations (tasks/bootstrap.py) come from train tasks only, so val and test games stay
+unseen. No riddle is a game: no turns, no player, no questions chosen by a strategy.
+"""
+from __future__ import annotations
+
+import random
+
+from .kb import Entity, KnowledgeBase, Question
+
+FACTS_SYSTEM = "Facts about objects. Name the object described."
+
+
+def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> list[tuple[Question, bool]]:
+    """(question, answer) pairs in a random order, stopping once no other object fits them all."""
+    others = [e for e in kb.entities if e != entity]
+    order = list(kb.questions)
+    rng.shuffle(order)
+    facts = []
+    for q in order:
+        truth = kb.truth(entity, q)
+        left = [e for e in others if kb.truth(e, q) == truth]
+        if len(left) < len(others) or rng.random() < 0.25:  # a few facts that tell nothing new, as prose has
+            facts.append((q, truth))
+        others = left
+        if not others:
+            break
+    return facts
+
+
+def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> list[dict]:
+    """One fact sheet as a chat: the statements, then the object's name as the reply."""
+    facts = identifying_facts(kb, entity, rng)
+    text = " ".join(f"{q.text} {'yes' if truth else 'no'}." for q, truth in facts)
+    return [
+        {"role": "system", "content": FACTS_SYSTEM},
+        {"role": "user", "content": f"{text} What is it?"},
+        {"role": "assistant", "content": f"It is {entity.name}."},
+    ]
+
+
+def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int) -> list[list[dict]]:
+    """`per_object` riddles about every object of every split, reproducible from `seed`."""
+    rng = random.Random(seed)
+    return [riddle(kb, e, rng) for e in kb.entities for _ in range(per_object)]

@@ -1,0 +1,56 @@
+"""The base model's knowledge of objects (envs/twenty_questions/facts.py): riddles, not games."""
+from __future__ import annotations
+
+import random
+import re
+
+from envs.twenty_questions.facts import FACTS_SYSTEM, fact_sheets, identifying_facts
+from envs.twenty_questions.format import system_prompt
+from envs.twenty_questions.kb import load_kb
+
+
+def test_facts_are_true_and_tell_the_object_apart():
+    kb = load_kb()
+    rng = random.Random(3)
+    for entity in kb.entities:
+        facts = identifying_facts(kb, entity, rng)
+        assert all(kb.truth(entity, q) == truth for q, truth in facts)
+        fits = [e for e in kb.entities if all(kb.truth(e, q) == truth for q, truth in facts)]
+        assert fits == [entity], f"{entity.name}: {[e.name for e in fits]} fit {len(facts)} facts"
+
+
+def test_sheets_cover_every_split_and_are_reproducible():
+    kb = load_kb()
+    sheets = fact_sheets(kb, 2, seed=7)
+    named = {re.fullmatch(r"It is (.+)\.", s[-1]["content"]).group(1) for s in sheets}
+    assert named == {e.name for e in kb.entities}
+    assert {e.split for e in kb.entities if e.name in named} == {"train", "val", "test"}
+    assert sheets == fact_sheets(kb, 2, seed=7)
+    assert sheets != fact_sheets(kb, 2, seed=8)
+
+
+def test_a_sheet_is_not_a_game():
+    """No game prompt, no turns, no player's questions: one statement list and the name."""
+    sheet = fact_sheets(load_kb(), 1, seed=0)[0]
+    assert [m["role"] for m in sheet] == ["system", "user", "assistant"]
+    assert sheet[0]["content"] == FACTS_SYSTEM != system_prompt()
+    assert "Turn" not in sheet[1]["content"] and "QUESTION:" not in sheet[2]["content"]
+
+
+def test_bootstrap_learns_from_train_games_and_facts_and_reports_its_learning_curve(tmp_path):
+    """Demonstrations come from train tasks only; the fact sheets cover every object; with
+    curve_every the metrics hold success after each epoch."""
+    import duckdb
+
+    from tasks.bootstrap import run_bootstrap
+    from tasks.params import Params
+    from conftest import tiny_params
+
+    raw = tiny_params({"bootstrap": {"demo_splits": ["train"], "curve_every": 1, "train": {"epochs": 2}, "eval_splits": ["train", "val"]}})
+    metrics = run_bootstrap(Params.model_validate(raw), tmp_path)
+    splits = duckdb.sql(f"SELECT DISTINCT split FROM '{tmp_path / 'demos.parquet'}'").fetchall()
+    assert splits == [("train",)]
+    assert metrics["fact_sheets"] == len(load_kb().entities)
+    curve = metrics["model"]["learning_curve"]
+    assert [p["epoch"] for p in curve] == [1, 2] and all(set(p) == {"epoch", "train", "val"} for p in curve)
+    assert curve[-1]["train"] == metrics["model"]["success"]["train"]["success_rate"]
