@@ -1,18 +1,23 @@
-"""The miniature reproduction: does hindsight data help? Held-out success over several seeds.
+"""The miniature reproduction: does hindsight data help? Held-out success and return over seeds.
 
-    python bench/hindsight_repro.py [--seeds 0 1 2] [--out bench/out/repro] [--set relabel.n=2 ...]
+    python bench/hindsight_repro.py [--preset bench/presets/hope_20q.yaml] [--seeds 0 1 2]
+                                    [--out bench/out/repro] [--set relabel.n=2 ...]
 
 For each seed, runs every stage (bootstrap -> collect -> summarize -> relabel -> regenerate ->
-label -> standardize -> train -> evaluate) with params.yaml plus the overrides, through the same
-stage functions `retrosight run` calls, and prints one table: held-out (val + test) success of
-(a) the bootstrap policy, (b) Refit on the logged data only, (c) Refit on logged data plus
-hindsight regenerations, (d) Swift on the same, (e) filtered BC (and SFT), as mean and standard
-error over seeds, with each method's ratio to the bootstrap policy. A seed whose evaluation is
-already on disk is read back rather than rerun (--fresh reruns it). --upstream DIR reuses
+label -> standardize -> train -> evaluate) with params.yaml, the preset (a params file laid over
+it, key by key; its train.methods, the arms, replaces params.yaml's) and the overrides, through the same stage functions `retrosight run` calls. It
+prints, per policy (the base and every method of train.methods): success and mean return on each
+evaluated split as mean ± standard error over seeds; and for each hindsight arm, its difference
+from its logged-only arm (same algorithm, `data: logged`; Swift, which has none, against Refit's)
+with a paired 95% interval over the same evaluation episodes of every seed. --results writes that
+table as JSON, the points of the plot of success by arm and seed, and the plot itself as SVG.
+A seed whose evaluation is already on disk is read back rather than rerun (--fresh reruns it). --upstream DIR reuses
 DIR/seedN's bootstrap, collect and summarize outputs, so a hindsight or training setting can be
 varied without paying for the base policy and the logged data again; --reuse names other stages
 to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the same trained
-policies play the train tasks their data came from).
+policies play the train tasks their data came from). --base DIR gives every seed the same base
+policy (a bootstrap stage's output), so seeds vary the logged data, hindsight, training and
+evaluation episodes around one base.
 """
 from __future__ import annotations
 
@@ -47,7 +52,7 @@ def override(raw: dict, assignment: str) -> None:
 UPSTREAM = ["bootstrap", "collect", "summarize"]
 
 
-def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM) -> dict:
+def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM, base: Path | None = None) -> dict:
     from tasks.bootstrap import run_bootstrap
     from tasks.collect import run_collect
     from tasks.evaluate import run_evaluate
@@ -71,6 +76,9 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
     }
     for stage in STAGES:
+        if stage == "bootstrap" and base is not None:
+            shutil.copytree(base, d / stage, dirs_exist_ok=True)
+            continue
         if upstream is not None and stage in reuse:
             shutil.copytree(upstream / stage, d / stage, dirs_exist_ok=True)
             continue
@@ -80,55 +88,155 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
     return json.loads((d / "evaluate/metrics.json").read_text())
 
 
+# A preset's arms are the arms: its train.methods replaces params.yaml's rather than adding to them.
+REPLACED = {("train", "methods")}
+
+
+def merge(raw: dict, overlay: dict, at: tuple[str, ...] = ()) -> None:
+    """Lay a preset over params, key by key (a mapping is merged, anything else replaced)."""
+    for key, value in overlay.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict) and (*at, key) not in REPLACED:
+            merge(raw[key], value, (*at, key))
+        else:
+            raw[key] = value
+
+
 def mean_se(xs: list[float]) -> tuple[float, float]:
     m = sum(xs) / len(xs)
     se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) if len(xs) > 1 else 0.0
     return m, se
 
 
+def logged_arm(name: str, methods: dict) -> str | None:
+    """The logged-only arm a hindsight arm is compared with: the same algorithm on `data: logged`,
+    else Refit's (Swift has no logged-only arm of its own)."""
+    if methods[name].get("data", "all") == "logged":
+        return None
+    for algorithm in (methods[name]["algorithm"], "refit"):
+        match = [m for m, c in methods.items() if c["algorithm"] == algorithm and c.get("data", "all") == "logged"]
+        if match:
+            return match[0]
+    return None
+
+
+def episodes_of(d: Path, metrics: dict) -> dict[str, dict[tuple, tuple[float, float]]]:
+    """Per policy: (split, task, episode seed) -> (success, return), from evaluate's episodes."""
+    import polars as pl
+
+    table = pl.read_parquet(d / "evaluate/episodes.parquet", columns=["policy_id", "split", "task_id", "seed", "success", "return"])
+    by_id: dict[str, dict] = {}
+    for pid, split, task, seed, success, ret in table.iter_rows():
+        by_id.setdefault(pid, {})[(split, task, seed)] = (float(success), float(ret))
+    return {name: by_id[p["policy_id"]] for name, p in metrics["policies"].items()}
+
+
+def paired(a: dict, b: dict) -> dict:
+    """a - b over the episodes both played: mean, paired 95% interval, n (success and return)."""
+    keys = sorted(set(a) & set(b))
+    out = {"episodes": len(keys)}
+    for i, what in enumerate(("success", "return")):
+        d = [a[k][i] - b[k][i] for k in keys]
+        m, se = mean_se(d)
+        out[what] = {"diff": round(m, 4), "ci95": [round(m - 1.96 * se, 4), round(m + 1.96 * se, 4)], "se": round(se, 4)}
+    return out
+
+
+def compare(results: dict[int, dict], dirs: dict[int, Path], methods: dict) -> dict:
+    seeds = list(results)
+    first = results[seeds[0]]
+    splits = [*first["splits"], "heldout"]
+    table: dict = {"seeds": seeds, "splits": splits, "episodes_per_task": first["episodes_per_task"],
+                   "sampling": first["sampling"], "policies": {}, "paired": {}}
+    for name in first["policies"]:
+        row = {}
+        for split in splits:
+            for key in ("success_rate", "mean_return"):
+                m, se = mean_se([results[s]["policies"][name][split][key] for s in seeds])
+                row.setdefault(split, {})[key] = {"mean": round(m, 4), "se": round(se, 4),
+                                                  "by_seed": [results[s]["policies"][name][split][key] for s in seeds]}
+        table["policies"][name] = row
+    episodes = {s: episodes_of(dirs[s], results[s]) for s in seeds}
+    for name in methods:
+        base = logged_arm(name, methods)
+        if base is None:
+            continue
+        a = {(s, *k): v for s in seeds for k, v in episodes[s][name].items()}
+        b = {(s, *k): v for s in seeds for k, v in episodes[s][base].items()}
+        table["paired"][name] = {"against": base, **{
+            split: paired({k: v for k, v in a.items() if split == "heldout" or k[1] == split}, b) for split in splits}}
+    return table
+
+
+def show(table: dict, sets: list[str], preset: Path | None) -> None:
+    splits, seeds = table["splits"], table["seeds"]
+    print(f"\nSuccess and mean return over seeds {seeds} (mean ± standard error over seeds; {table['episodes_per_task']} "
+          f"episodes per task, T={table['sampling']['temperature']}); preset: {preset or 'none'}; overrides: {sets or 'none'}")
+    print(f"{'policy':<20}" + "".join(f"{s + ' success':>18}{s + ' return':>20}" for s in splits) + "  held-out success by seed")
+    for name, row in table["policies"].items():
+        cells = "".join(f"{row[s]['success_rate']['mean']:>10.3f} ± {row[s]['success_rate']['se']:.3f}"
+                        f"{row[s]['mean_return']['mean']:>12.2f} ± {row[s]['mean_return']['se']:.2f}" for s in splits)
+        print(f"{name:<20}{cells}  " + " ".join(f"{x:.3f}" for x in row["heldout"]["success_rate"]["by_seed"]))
+    if table["paired"]:
+        print("\nHindsight arm minus its logged-only arm, paired over the same episodes (95% interval):")
+        for name, p in table["paired"].items():
+            cells = "; ".join(
+                f"{s} success {p[s]['success']['diff']:+.3f} [{p[s]['success']['ci95'][0]:+.3f}, {p[s]['success']['ci95'][1]:+.3f}], "
+                f"return {p[s]['return']['diff']:+.2f} [{p[s]['return']['ci95'][0]:+.2f}, {p[s]['return']['ci95'][1]:+.2f}]"
+                for s in splits)
+            print(f"  {name} - {p['against']} (n = {p['heldout']['episodes']}): {cells}")
+
+
+def write_results(table: dict, out: Path) -> None:
+    """table.json, success.json (the plot's points: arm, seed, split, success) and success.svg."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "table.json").write_text(json.dumps(table, indent=1) + "\n")
+    points = [{"arm": name, "seed": seed, "split": split, "success_rate": rate}
+              for name, row in table["policies"].items() for split in table["splits"]
+              for seed, rate in zip(table["seeds"], row[split]["success_rate"]["by_seed"])]
+    (out / "success.json").write_text(json.dumps(points, indent=1) + "\n")
+    import vl_convert
+
+    spec = json.loads((ROOT / ".dvc/plots/arm_seed.json").read_text().replace('"<DVC_METRIC_DATA>"', json.dumps(points)))
+    spec["title"]["text"] = "Success by arm and seed"
+    (out / "success.svg").write_text(vl_convert.vegalite_to_svg(spec))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", type=Path, help="a params file laid over params.yaml (bench/presets/)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", type=Path, default=ROOT / "bench/out/repro")
+    ap.add_argument("--results", type=Path, help="write table.json, success.json and success.svg here")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="a params override, key.path=value")
     ap.add_argument("--fresh", action="store_true", help="rerun seeds whose results are on disk")
     ap.add_argument("--upstream", type=Path, help="reuse bootstrap/collect/summarize from DIR/seedN")
     ap.add_argument("--reuse", nargs="+", choices=STAGES[:-1], default=UPSTREAM, help="the stages --upstream provides")
+    ap.add_argument("--base", type=Path, help="one bootstrap output (DIR/model, ...) every seed starts from, instead of its own")
     args = ap.parse_args()
 
-    results, t_all = {}, time.time()
+    results, dirs, t_all = {}, {}, time.time()
     for seed in args.seeds:
         raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+        if args.preset:
+            merge(raw, yaml.safe_load(args.preset.read_text()) or {})
         for s in [*args.sets, f"seed={seed}"]:
             override(raw, s)
-        d = args.out / f"seed{seed}"
+        d = dirs[seed] = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
         params = Params.model_validate(raw)
         done = d / "evaluate/metrics.json"
         if args.fresh and d.exists():
             shutil.rmtree(d)
         up = args.upstream / f"seed{seed}" if args.upstream else None
-        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse)
+        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base)
         (d / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
-    first = results[args.seeds[0]]
-    policies = list(first["policies"])
-    splits = [*first["splits"], "heldout"]
-    where = "Held-out" if set(first["splits"]) <= {"val", "test"} else "+".join(first["splits"])
-    print(f"\n{where} success over seeds {args.seeds} (mean ± standard error over seeds; "
-          f"{first['episodes_per_task']} episodes per task, T={first['sampling']['temperature']}); overrides: {args.sets or 'none'}")
-    header = f"{'policy':<14}" + "".join(f"{s:>18}" for s in splits) + f"{'vs bootstrap':>14}" + "".join(f"{'seed ' + str(s):>9}" for s in args.seeds)
-    print(header)
-    base = mean_se([results[s]["policies"]["bootstrap"]["heldout"]["success_rate"] for s in args.seeds])[0]
-    for name in policies:
-        cells = []
-        for split in splits:
-            m, se = mean_se([results[s]["policies"][name][split]["success_rate"] for s in args.seeds])
-            cells.append(f"{m:.3f} ± {se:.3f}")
-        held = mean_se([results[s]["policies"][name]["heldout"]["success_rate"] for s in args.seeds])[0]
-        ratio = f"{held / base:.2f}x" if base > 0 else "n/a"
-        per_seed = "".join(f"{results[s]['policies'][name]['heldout']['success_rate']:>9.3f}" for s in args.seeds)
-        print(f"{name:<14}" + "".join(f"{c:>18}" for c in cells) + f"{ratio:>14}" + per_seed)
+    methods = {name: m.model_dump() for name, m in params.train.methods.items()}
+    table = compare(results, dirs, methods)
+    show(table, args.sets, args.preset)
+    if args.results:
+        write_results(table, args.results)
+        print(f"\nwrote {args.results}/table.json, success.json, success.svg")
     print(f"\n({time.time() - t_all:.0f}s; per-seed outputs under {args.out})")
 
 

@@ -21,18 +21,20 @@ def test_facts_are_true_and_tell_the_object_apart():
 
 def test_sheets_cover_every_split_and_are_reproducible():
     kb = load_kb()
-    sheets = fact_sheets(kb, 2, seed=7)
-    named = {re.fullmatch(r"It is (.+)\.", s[-1]["content"]).group(1) for s in sheets}
-    assert named == {e.name for e in kb.entities}
+    sheets = fact_sheets(kb, 2, seed=7, per_sheet=8)
+    names = [re.fullmatch(r"It is (.+)\.", m["content"]).group(1) for s in sheets for m in s if m["role"] == "assistant"]
+    assert sorted(names) == sorted(e.name for e in kb.entities for _ in range(2))
+    assert len(sheets) == -(-len(names) // 8)
+    named = set(names)
     assert {e.split for e in kb.entities if e.name in named} == {"train", "val", "test"}
     assert sheets == fact_sheets(kb, 2, seed=7)
     assert sheets != fact_sheets(kb, 2, seed=8)
 
 
 def test_a_sheet_is_not_a_game():
-    """No game prompt, no turns, no player's questions: one statement list and the name."""
-    sheet = fact_sheets(load_kb(), 1, seed=0)[0]
-    assert [m["role"] for m in sheet] == ["system", "user", "assistant"]
+    """No game prompt, no turns, no player's questions: statements and names."""
+    sheet = fact_sheets(load_kb(), 1, seed=0, per_sheet=3)[0]
+    assert [m["role"] for m in sheet] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
     assert sheet[0]["content"] == FACTS_SYSTEM != system_prompt()
     assert "Turn" not in sheet[1]["content"] and "QUESTION:" not in sheet[2]["content"]
 
@@ -50,7 +52,7 @@ def test_bootstrap_learns_from_train_games_and_facts_and_reports_its_learning_cu
     metrics = run_bootstrap(Params.model_validate(raw), tmp_path)
     splits = duckdb.sql(f"SELECT DISTINCT split FROM '{tmp_path / 'demos.parquet'}'").fetchall()
     assert splits == [("train",)]
-    assert metrics["fact_sheets"] == len(load_kb().entities)
+    assert metrics["fact_sheets"] == -(-len(load_kb().entities) // 8)
     curve = metrics["model"]["learning_curve"]
     assert [p["epoch"] for p in curve] == [1, 2] and all(set(p) == {"epoch", "train", "val"} for p in curve)
     assert curve[-1]["train"] == metrics["model"]["success"]["train"]["success_rate"]

@@ -5,7 +5,9 @@ unless it is told. A pretrained LLM has read that an apple is a red fruit that g
 it can name an object from a description, which is what lets it finish a game about an object
 it was never shown playing. `fact_sheets` writes that knowledge as riddles: a random set of true
 statements about one object, each a question of the question set with its answer, enough to
-tell it apart from every other object, then its name. They cover every object of every split;
+tell it apart from every other object, then its name; several riddles about different objects
+make one sheet (one training sequence), so that the short riddles do not outnumber the games
+as training steps. They cover every object of every split;
 game demonstrations (tasks/bootstrap.py) come from train tasks only, so val and test games stay
 unseen. No riddle is a game: no turns, no player, no questions chosen by a strategy.
 """
@@ -36,17 +38,20 @@ def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> 
 
 
 def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> list[dict]:
-    """One fact sheet as a chat: the statements, then the object's name as the reply."""
+    """One riddle as two chat messages: the statements, then the object's name as the reply."""
     facts = identifying_facts(kb, entity, rng)
     text = " ".join(f"{q.text} {'yes' if truth else 'no'}." for q, truth in facts)
-    return [
-        {"role": "system", "content": FACTS_SYSTEM},
-        {"role": "user", "content": f"{text} What is it?"},
-        {"role": "assistant", "content": f"It is {entity.name}."},
-    ]
+    return [{"role": "user", "content": f"{text} What is it?"}, {"role": "assistant", "content": f"It is {entity.name}."}]
 
 
-def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int) -> list[list[dict]]:
-    """`per_object` riddles about every object of every split, reproducible from `seed`."""
+def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int, per_sheet: int = 8) -> list[list[dict]]:
+    """`per_object` riddles about every object of every split, in a random order, `per_sheet`
+    to a sheet; reproducible from `seed`."""
     rng = random.Random(seed)
-    return [riddle(kb, e, rng) for e in kb.entities for _ in range(per_object)]
+    objects = [e for e in kb.entities for _ in range(per_object)]
+    rng.shuffle(objects)
+    riddles = [riddle(kb, e, rng) for e in objects]
+    return [
+        [{"role": "system", "content": FACTS_SYSTEM}, *(m for r in riddles[i : i + per_sheet] for m in r)]
+        for i in range(0, len(riddles), per_sheet)
+    ]

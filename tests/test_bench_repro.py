@@ -1,0 +1,88 @@
+"""bench/hindsight_repro.py at a tiny size: two seeds through every stage with a preset laid over
+params.yaml; the table it prints, the paired differences and the plot it writes agree with the
+per-seed evaluations on disk."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+import yaml
+from conftest import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import hindsight_repro  # noqa: E402
+
+
+def test_paired_difference_and_its_interval_on_hand_made_episodes():
+    # 4 shared episodes: the hindsight arm wins 3, the logged arm 1 (on the first); one episode only one arm played.
+    a = {("val", "x", 1): (1.0, -3.0), ("val", "y", 1): (1.0, -4.0), ("test", "z", 1): (1.0, -5.0), ("test", "w", 1): (0.0, -20.0), ("val", "only", 1): (1.0, 0.0)}
+    b = {("val", "x", 1): (1.0, -6.0), ("val", "y", 1): (0.0, -20.0), ("test", "z", 1): (0.0, -20.0), ("test", "w", 1): (0.0, -20.0)}
+    p = hindsight_repro.paired(a, b)
+    assert p["episodes"] == 4
+    d = [0.0, 1.0, 1.0, 0.0]  # success differences, in key order
+    m = sum(d) / 4
+    se = (sum((x - m) ** 2 for x in d) / 3 / 4) ** 0.5
+    assert p["success"]["diff"] == 0.5 and p["success"]["se"] == pytest.approx(se, abs=1e-4)
+    assert p["success"]["ci95"] == pytest.approx([m - 1.96 * se, m + 1.96 * se], abs=1e-4)
+    assert p["return"]["diff"] == pytest.approx((3 + 16 + 15 + 0) / 4)
+
+
+def test_each_hindsight_arm_is_paired_with_its_logged_only_arm():
+    methods = {"refit_logged": {"algorithm": "refit", "data": "logged"}, "refit": {"algorithm": "refit"},
+               "swift": {"algorithm": "swift"}, "bc_logged": {"algorithm": "filtered_bc", "data": "logged"}, "bc": {"algorithm": "filtered_bc"}}
+    assert {m: hindsight_repro.logged_arm(m, methods) for m in methods} == {
+        "refit_logged": None, "refit": "refit_logged", "swift": "refit_logged", "bc_logged": None, "bc": "bc_logged"}
+
+
+def test_a_presets_arms_replace_the_params_arms_and_other_keys_merge():
+    raw = {"collect": {"m": 3, "batch_size": 512}, "train": {"epochs": 2, "methods": {"a": {"algorithm": "sft"}}}}
+    hindsight_repro.merge(raw, {"collect": {"m": 14}, "train": {"methods": {"b": {"algorithm": "refit"}}}})
+    assert raw == {"collect": {"m": 14, "batch_size": 512}, "train": {"epochs": 2, "methods": {"b": {"algorithm": "refit"}}}}
+
+
+@pytest.mark.system
+
+def test_repro_bench_small(tmp_path):
+    preset = {**TINY, "collect": {**TINY["collect"], "splits": ["train"]},
+              "train": {"epochs": 1, "batch_size": 4, "methods": {
+                  "refit_logged": {"algorithm": "refit", "data": "logged"}, "refit": {"algorithm": "refit", "alpha": 0.4},
+                  "swift": {"algorithm": "swift", "alpha": 0.4}, "filtered_bc_logged": {"algorithm": "filtered_bc", "data": "logged"},
+                  "filtered_bc": {"algorithm": "filtered_bc", "alpha": 0.4}}}}
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset, sort_keys=False))
+    out, results = tmp_path / "runs", tmp_path / "results"
+    cmd = [sys.executable, str(ROOT / "bench/hindsight_repro.py"), "--preset", str(tmp_path / "preset.yaml"),
+           "--seeds", "0", "1", "--out", str(out), "--results", str(results), "--set", "cache.path=" + str(tmp_path / "cache.sqlite")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    table = json.loads((results / "table.json").read_text())
+    assert table["seeds"] == [0, 1] and table["splits"] == ["val", "test", "heldout"]
+    assert list(table["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc_logged", "filtered_bc"]
+    for seed, d in ((0, out / "seed0"), (1, out / "seed1")):
+        metrics = json.loads((d / "evaluate/metrics.json").read_text())
+        for name, row in table["policies"].items():
+            assert row["heldout"]["success_rate"]["by_seed"][seed] == metrics["policies"][name]["heldout"]["success_rate"]
+        used = yaml.safe_load((d / "params.yaml").read_text())
+        assert used["collect"]["m"] == TINY["collect"]["m"] and used["train"]["methods"]["refit"]["alpha"] == 0.4
+    # Paired differences, recomputed from the episodes: the hindsight arm minus its logged-only arm.
+    assert {n: p["against"] for n, p in table["paired"].items()} == {"refit": "refit_logged", "swift": "refit_logged", "filtered_bc": "filtered_bc_logged"}
+    diffs = []
+    for d in (out / "seed0", out / "seed1"):
+        ids = {n: p["policy_id"] for n, p in json.loads((d / "evaluate/metrics.json").read_text())["policies"].items()}
+        eps = pl.read_parquet(d / "evaluate/episodes.parquet").unique(["policy_id", "split", "task_id", "seed"])
+        a = eps.filter(pl.col("policy_id") == ids["refit"]).select("split", "task_id", "seed", a="success")
+        b = eps.filter(pl.col("policy_id") == ids["refit_logged"]).select("split", "task_id", "seed", b="success")
+        joined = a.join(b, on=["split", "task_id", "seed"])
+        diffs += (joined["a"].cast(float) - joined["b"].cast(float)).to_list()
+    p = table["paired"]["refit"]["heldout"]
+    assert p["episodes"] == len(diffs) > 0
+    assert p["success"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-4)
+    assert p["success"]["ci95"][0] <= p["success"]["diff"] <= p["success"]["ci95"][1]
+    assert "refit - refit_logged" in proc.stdout and "Hindsight arm minus its logged-only arm" in proc.stdout
+    points = json.loads((results / "success.json").read_text())
+    assert len(points) == 6 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")
