@@ -9,7 +9,7 @@ from conftest import tiny_params
 from envs.twenty_questions.format import parse_action
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.labeler import label_trajectory
-from envs.twenty_questions.policies import ExpertPolicy, NoisyPolicy, PlayerView, consistent
+from envs.twenty_questions.policies import ExpertPolicy, NoisyPolicy, PlayerView, consistent, only_fits
 from envs.twenty_questions.proposer import OracleProposer, justified_guess, same_action, unjustified_guess
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
@@ -113,7 +113,8 @@ def test_one_object_left_is_guessed_before_the_last_turn():
     view = PlayerView(TRAIN, played, len(played), 20)
     assert not view.is_final_turn and consistent(KB, view) == [secret]
     (p,) = OracleProposer(KB).propose(secret, view, 3)
-    assert (p.action.reason, p.action.question) == ("Only Lion fits.", "Is it Lion?")
+    assert p.action.question == "Is it Lion?" and p.action.reason.endswith(": only Lion fits.")
+    assert p.action.reason == only_fits(KB, played, "Lion")  # the list of what the answers established, as the expert writes it
 
 
 def test_before_the_last_turn_the_proposer_asks_and_hindsight_breaks_ties():

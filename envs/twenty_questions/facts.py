@@ -4,8 +4,9 @@ The base policy is trained from scratch, so it knows nothing about an object it 
 unless it is told. A pretrained LLM has read that an apple is a red fruit that grows on trees:
 it can name an object from a description, which is what lets it finish a game about an object
 it was never shown playing. `fact_sheets` writes that knowledge as riddles: a random set of true
-statements about one object, each a question of the question set with its answer, enough to
-tell it apart from every other object, then its name; several riddles about different objects
+statements about one object (the short labels of questions of the question set, by their
+answer: "not hand-sized, outdoor"), enough to tell it apart from every other object, then its
+name; several riddles about different objects
 make one sheet (one training sequence), so that the short riddles do not outnumber the games
 as training steps. They cover every object of every split;
 game demonstrations (tasks/bootstrap.py) come from train tasks only, so val and test games stay
@@ -38,10 +39,11 @@ def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> 
 
 
 def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> list[dict]:
-    """One riddle as two chat messages: the statements, then the object's name as the reply."""
+    """One riddle as two chat messages: a request, then the statements as short labels and the
+    object they lead to, in the form a player's reason takes before its guess (policies.only_fits)."""
     facts = identifying_facts(kb, entity, rng)
-    text = " ".join(f"{q.text} {'yes' if truth else 'no'}." for q, truth in facts)
-    return [{"role": "user", "content": f"{text} What is it?"}, {"role": "assistant", "content": f"It is {entity.name}."}]
+    labels = ", ".join(q.label if truth else q.no_label for q, truth in facts)
+    return [{"role": "user", "content": "Name an object from facts."}, {"role": "assistant", "content": f"{labels}: only {entity.name} fits."}]
 
 
 def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int, per_sheet: int = 8) -> list[list[dict]]:

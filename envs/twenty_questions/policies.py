@@ -2,9 +2,12 @@
 
 They know the world (the knowledge base) and the candidate list, never the secret: whatever they
 know about it they infer from the answers so far. Every policy writes the same kind of short reason
-("Ask about size.", "Only Apple fits."), so the policies differ only in the choices they make.
+("Ask about size."; before a guess, what the answers established: "red, round: only Apple
+fits."), so the policies differ only in the choices they make.
 Reasons stay short on purpose: a tiny model re-reads every earlier turn at every step, and a
-growing scratchpad made contexts long and copying errors compound.
+growing scratchpad made contexts long and copying errors compound. The list before a guess is
+the exception: the name it leads to is learnt from the same kind of list in the fact sheets
+(facts.py), which is what lets the model name an object it never played.
 """
 from __future__ import annotations
 
@@ -77,6 +80,20 @@ def consistent(kb: KnowledgeBase, view: PlayerView) -> list[Entity]:
     return left
 
 
+def known(kb: KnowledgeBase, history: list[tuple[str, str]]) -> str:
+    """What the answers established, as short labels in the order asked ("not hand-sized, outdoor,
+    not Cup"): the list a guess's reason gives before the name it leads to. Fact sheets
+    (facts.py) end in the same form, so the name is learnt from the same kind of context."""
+    return ", ".join(
+        (s.label if value else s.no_label) if isinstance(s, Question) else f"not {s.name}" for s, value in _established(kb, history)
+    )
+
+
+def only_fits(kb: KnowledgeBase, history: list[tuple[str, str]], name: str) -> str:
+    facts = known(kb, history)
+    return f"{facts}: only {name} fits." if facts else f"Only {name} fits."
+
+
 def _asked(kb: KnowledgeBase, history: list[tuple[str, str]]) -> list[Question]:
     return [q for q in (kb.match_question(text) for text, _ in history) if q is not None]
 
@@ -107,7 +124,7 @@ class ExpertPolicy:
     def act(self, view: PlayerView, rng: random.Random) -> Action:
         left = consistent(self.kb, view)
         if len(left) == 1:
-            return _guess(left[0].name, f"Only {left[0].name} fits.")
+            return _guess(left[0].name, only_fits(self.kb, view.history, left[0].name))
         best = self.best_questions(left, view.history)
         if view.is_final_turn or not best:
             name = rng.choice(left).name

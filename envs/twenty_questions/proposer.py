@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from .format import Action
 from .kb import Entity, KnowledgeBase, normalize
-from .policies import PlayerView, _asked, consistent
+from .policies import PlayerView, _asked, consistent, only_fits
 
 VERSION = "oracle-proposer-v2"  # bump when proposals or wording change: relabels are keyed by it
 
@@ -101,7 +101,7 @@ class OracleProposer:
         if pick is not None:
             # The guess is the rule's pick, never read from the secret; hindsight only comments.
             if len(left) == 1:
-                why, situation = f"Only {pick.name} fits.", f"only {pick.name} fits the answers"
+                why, situation = only_fits(self.kb, view.history, pick.name), f"only {pick.name} fits the answers"
             else:
                 why = f"Last turn, guess {pick.name}." if view.is_final_turn else f"Guess {pick.name}."
                 situation = f"{len(left)} objects fit the answers and the player guesses the first of them in the candidate list, {pick.name}"
