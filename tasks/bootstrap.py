@@ -9,7 +9,6 @@ policy then plays beside the scripted ones so its success rate can be read next 
 from __future__ import annotations
 
 import json
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -122,21 +121,20 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     model = make_model(tokenizer, m.hidden_size, m.num_layers, m.num_heads, m.head_dim, m.intermediate_size, m.max_length)
     tokenized = tokenize_chats(tokenizer, conversations, m.max_length)
     t_train = time.time()
-    snapshots_dir = Path(tempfile.mkdtemp(prefix="retrosight-bootstrap-"))
-    snapshots = _Snapshots(b.curve_every, snapshots_dir, tokenizer) if b.curve_every else None
-    curve = train_sft(model, tokenizer, tokenized.examples, seed=params.seed, callbacks=(snapshots,) if snapshots else (), **b.train.model_dump())
-    train_seconds = time.time() - t_train
+    with tempfile.TemporaryDirectory(prefix="retrosight-bootstrap-") as snapshots_dir:
+        snapshots = _Snapshots(b.curve_every, Path(snapshots_dir), tokenizer) if b.curve_every else None
+        curve = train_sft(model, tokenizer, tokenized.examples, seed=params.seed, callbacks=(snapshots,) if snapshots else (), **b.train.model_dump())
+        train_seconds = time.time() - t_train
 
-    model_dir = out_dir / "model"
-    model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+        model_dir = out_dir / "model"
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
 
-    t_eval = time.time()
-    model_success = evaluate_model(params, model_dir, b.eval_splits)
-    learning_curve = [
-        {"epoch": epoch, **_success(evaluate_model(params, path, b.eval_splits))} for epoch, path in (snapshots.saved if snapshots else [])
-    ] + ([{"epoch": b.train.epochs, **_success(model_success)}] if snapshots else [])
-    shutil.rmtree(snapshots_dir)
+        t_eval = time.time()
+        model_success = evaluate_model(params, model_dir, b.eval_splits)
+        learning_curve = [{"epoch": epoch, **_success(evaluate_model(params, path, b.eval_splits))} for epoch, path in snapshots.saved] + [
+            {"epoch": b.train.epochs, **_success(model_success)}
+        ] if snapshots else []
     eval_seconds = time.time() - t_eval
     metrics = {
         "demonstrations": {
@@ -155,7 +153,7 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
             "success": model_success,
             "eval_seconds": round(eval_seconds, 1),
             # success on eval_splits at eval_sampling after every curve_every epochs
-            **({"learning_curve": learning_curve} if snapshots else {}),
+            **({"learning_curve": learning_curve} if learning_curve else {}),
         },
         "scripted": scripted_baselines(params, b.eval_splits),
         "seconds": round(time.time() - t0, 1),

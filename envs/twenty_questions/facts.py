@@ -6,11 +6,10 @@ it can name an object from a description, which is what lets it finish a game ab
 it was never shown playing. `fact_sheets` writes that knowledge as riddles: a random set of true
 statements about one object (the short labels of questions of the question set, by their
 answer: "not hand-sized, outdoor"), enough to tell it apart from every other object, then its
-name; several riddles about different objects
-make one sheet (one training sequence), so that the short riddles do not outnumber the games
-as training steps. They cover every object of every split;
-game demonstrations (tasks/bootstrap.py) come from train tasks only, so val and test games stay
-unseen. No riddle is a game: no turns, no player, no questions chosen by a strategy.
+name. Several riddles about different objects make one sheet (one training sequence), so the
+short riddles do not outnumber the games as training steps. They cover every object of every
+split; game demonstrations (tasks/bootstrap.py) come from train tasks only, so val and test
+games stay unseen. No riddle is a game: no turns, no player, no questions chosen by a strategy.
 """
 from __future__ import annotations
 
