@@ -5,14 +5,14 @@
 
 For each seed, runs every stage (bootstrap -> collect -> summarize -> relabel -> regenerate ->
 label -> standardize -> train -> evaluate) with params.yaml, the preset (a params file laid over
-it, key by key; its train.methods, the arms, replaces params.yaml's) and the overrides, through the same stage functions `retrosight run` calls. It
-prints, per policy (the base and every method of train.methods): success and mean return on each
+it, key by key; its train.methods, the arms, replaces params.yaml's) and the overrides, through
+the same stage functions `retrosight run` calls. It prints, per policy (the base and every method of train.methods): success and mean return on each
 evaluated split as mean ± standard error over seeds; and for each hindsight arm, its difference
 from its logged-only arm (same algorithm, `data: logged`; Swift, which has none, against Refit's)
 with a paired 95% interval over the same evaluation episodes of every seed. --results writes that
 table as JSON, the points of the plot of success by arm and seed, and the plot itself as SVG.
-A seed whose evaluation is already on disk is read back rather than rerun (--fresh reruns it). --upstream DIR reuses
-DIR/seedN's bootstrap, collect and summarize outputs, so a hindsight or training setting can be
+A seed whose evaluation is already on disk is read back rather than rerun (--fresh reruns it).
+--upstream DIR reuses DIR/seedN's bootstrap, collect and summarize outputs, so a hindsight or training setting can be
 varied without paying for the base policy and the logged data again; --reuse names other stages
 to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the same trained
 policies play the train tasks their data came from). --base DIR gives every seed the same base
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 import time
@@ -34,6 +33,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tasks.evaluate import mean_se  # noqa: E402
 from tasks.params import Params  # noqa: E402
 
 STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "train", "evaluate"]
@@ -99,12 +99,6 @@ def merge(raw: dict, overlay: dict, at: tuple[str, ...] = ()) -> None:
             merge(raw[key], value, (*at, key))
         else:
             raw[key] = value
-
-
-def mean_se(xs: list[float]) -> tuple[float, float]:
-    m = sum(xs) / len(xs)
-    se = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs)) if len(xs) > 1 else 0.0
-    return m, se
 
 
 def logged_arm(name: str, methods: dict) -> str | None:
