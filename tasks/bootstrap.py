@@ -43,6 +43,13 @@ def demonstrations(params: Params) -> list:
     return play(episodes, ScriptedAgent(mixture.for_episode), params.seed, "demonstrations")
 
 
+def longest_action_tokens(tokenizer, demos: list) -> int:
+    """The longest scripted action in tokens, end-of-turn token included: the least max_new_tokens
+    that lets the policy say everything it was taught (a guess lists what the answers established)."""
+    actions = [m["content"] for e in demos for m in e.messages if m["role"] == "assistant"]
+    return 1 + max(len(ids) for ids in tokenizer(actions, add_special_tokens=False)["input_ids"])
+
+
 def _eval_episodes(params: Params, splits: list[str], who: str) -> list:
     kb = load_kb()
     return [
@@ -117,6 +124,14 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     corpus += [system_prompt(params.env.max_turns, [x.name for x in kb.split(s)]) for s in ("train", "val", "test")]
     tokenizer = train_tokenizer(corpus, b.tokenizer.vocab_size)
 
+    longest = longest_action_tokens(tokenizer, demos)
+    if b.eval_sampling.max_new_tokens < longest:
+        raise ValueError(
+            f"bootstrap.eval_sampling.max_new_tokens is {b.eval_sampling.max_new_tokens}, but the longest scripted action is "
+            f"{longest} tokens with its end-of-turn token: the policy's guesses would be cut off and fail to parse. "
+            f"Raise it, and the other policy samplings' max_new_tokens (collect, regenerate, evaluate), to at least {longest}"
+        )
+
     m = b.model
     model = make_model(tokenizer, m.hidden_size, m.num_layers, m.num_heads, m.head_dim, m.intermediate_size, m.max_length)
     tokenized = tokenize_chats(tokenizer, conversations, m.max_length)
@@ -143,6 +158,7 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
             "tokens": sum(len(x["input_ids"]) for x in tokenized.examples),
             "supervised_tokens": sum(sum(1 for t in x["labels"] if t >= 0) for x in tokenized.examples),
             "truncated": tokenized.truncated,
+            "longest_action_tokens": longest,
             "seconds": round(demo_seconds, 1),
         },
         "fact_sheets": len(facts),  # riddles about every object; the token counts above include them

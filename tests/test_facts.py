@@ -56,3 +56,19 @@ def test_bootstrap_learns_from_train_games_and_facts_and_reports_its_learning_cu
     curve = metrics["model"]["learning_curve"]
     assert [p["epoch"] for p in curve] == [1, 2] and all(set(p) == {"epoch", "train", "val"} for p in curve)
     assert curve[-1]["train"] == metrics["model"]["success"]["train"]["success_rate"]
+    assert metrics["demonstrations"]["longest_action_tokens"] <= raw["bootstrap"]["eval_sampling"]["max_new_tokens"]
+
+
+def test_bootstrap_stops_when_the_policy_could_not_finish_its_longest_action(tmp_path):
+    """A guess lists what the answers established; a max_new_tokens below the longest scripted
+    action would cut every long guess off (it then fails to parse), so bootstrap refuses before training."""
+    import pytest
+
+    from tasks.bootstrap import run_bootstrap
+    from tasks.params import Params
+    from conftest import tiny_params
+
+    raw = tiny_params({"bootstrap": {"eval_sampling": {"temperature": 0.0, "top_p": 1.0, "max_new_tokens": 8}}})
+    with pytest.raises(ValueError, match=r"bootstrap.eval_sampling.max_new_tokens is 8, but the longest scripted action is \d+ tokens"):
+        run_bootstrap(Params.model_validate(raw), tmp_path)
+    assert not (tmp_path / "model").exists()
