@@ -22,7 +22,7 @@ def test_facts_are_true_and_tell_the_object_apart():
 def test_sheets_cover_every_split_and_are_reproducible():
     kb = load_kb()
     sheets = fact_sheets(kb, 2, seed=7, per_sheet=8)
-    names = [re.fullmatch(r".+: only (.+) fits\.", m["content"]).group(1) for s in sheets for m in s if m["role"] == "assistant"]
+    names = [re.fullmatch(r"only (.+) fits\.", m["content"]).group(1) for s in sheets for m in s if m["role"] == "assistant"]
     assert sorted(names) == sorted(e.name for e in kb.entities for _ in range(2))
     assert len(sheets) == -(-len(names) // 8)
     named = set(names)
@@ -37,6 +37,11 @@ def test_a_sheet_is_not_a_game():
     assert [m["role"] for m in sheet] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
     assert sheet[0]["content"] == FACTS_SYSTEM != system_prompt()
     assert "Turn" not in sheet[1]["content"] and "QUESTION:" not in sheet[2]["content"] and "REASON:" not in sheet[2]["content"]
+    labels = sheet[1]["content"].removesuffix(":").split(", ")
+    name = re.fullmatch(r"only (.+) fits\.", sheet[2]["content"]).group(1)
+    kb = load_kb()
+    by_label = {q.label: (q, True) for q in kb.questions} | {q.no_label: (q, False) for q in kb.questions}
+    assert all(kb.truth(kb.get(name), by_label[label][0]) == by_label[label][1] for label in labels)  # the user states, the model names
 
 
 def test_bootstrap_learns_from_train_games_and_facts_and_reports_its_learning_curve(tmp_path):

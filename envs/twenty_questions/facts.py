@@ -17,7 +17,7 @@ import random
 
 from .kb import Entity, KnowledgeBase, Question
 
-FACTS_SYSTEM = "Facts about objects. Name the object described."
+FACTS_SYSTEM = "Facts about objects. Name the object they describe."
 
 
 def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> list[tuple[Question, bool]]:
@@ -38,11 +38,13 @@ def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> 
 
 
 def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> list[dict]:
-    """One riddle as two chat messages: a request, then the statements as short labels and the
-    object they lead to, in the form a player's reason takes before its guess (policies.only_fits)."""
+    """One riddle as two chat messages: the statements as short labels, then the object they lead
+    to, in the words a player's reason ends with before its guess (policies.only_fits). The
+    statements are given, not written by the model: only the name is learnt, so the random order
+    and choice of statements add no noise to the loss."""
     facts = identifying_facts(kb, entity, rng)
     labels = ", ".join(q.label if truth else q.no_label for q, truth in facts)
-    return [{"role": "user", "content": "Name an object from facts."}, {"role": "assistant", "content": f"{labels}: only {entity.name} fits."}]
+    return [{"role": "user", "content": f"{labels}:"}, {"role": "assistant", "content": f"only {entity.name} fits."}]
 
 
 def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int, per_sheet: int = 8) -> list[list[dict]]:
