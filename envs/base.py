@@ -43,6 +43,10 @@ def recorded_reply(text: str) -> str:
     return text if text.strip() else EMPTY_REPLY
 
 
+def _missing(where: object, what: str) -> NotImplementedError:
+    return NotImplementedError(f"{type(where).__name__} has no {what}")
+
+
 class Options(BaseModel):
     """An environment's own params (params.yaml `env:` beside `name`); a misspelt key is an error."""
 
@@ -97,7 +101,8 @@ class Label:
 
 class Game(ABC):
     """One episode of one task. The simulator is the environment's oracle unless `step` is handed
-    an LLM simulator's answer (from `simulator_request`)."""
+    an LLM simulator's answer (from `simulator_request`). Only reset, step, turn, done and
+    success are required; a stage that needs more names what the game lacks."""
 
     task: Task
     max_turns: int
@@ -110,10 +115,10 @@ class Game(ABC):
     def step(self, text: str, answer: object | None = None) -> Step:
         """Play the agent's text. An unparseable text still costs a turn (info["parsed"] False)."""
 
-    @abstractmethod
     def restore(self, turns: Sequence[Mapping[str, Any]]) -> None:
         """Resume a fresh game after logged turns without asking the simulator again, so a branch
-        from a logged prefix keeps the observations that prefix actually got."""
+        from a logged prefix keeps the observations that prefix actually got (regenerate)."""
+        raise _missing(self, "restore a game from a logged prefix")
 
     @property
     @abstractmethod
@@ -128,14 +133,14 @@ class Game(ABC):
     @abstractmethod
     def success(self) -> bool: ...
 
-    @abstractmethod
     def simulator_request(self, text: str) -> Request[object] | None:
         """The LLM simulator's call for the agent's text (its parse gives `step`'s answer), or
         None when the text asks nothing (EMPTY_REPLY) and the oracle's answer stands."""
+        raise _missing(self, "LLM simulator (roles.simulator)")
 
-    @abstractmethod
     def simulator_failed(self, text: str) -> object:
         """The answer `step` plays when the LLM simulator gave no usable reply."""
+        raise _missing(self, "LLM simulator (roles.simulator)")
 
 
 class Policy(Protocol):
@@ -177,6 +182,8 @@ def fraction_window(num_turns: int, a: float, b: float) -> list[int]:
 class Environment(ABC):
     """An environment: its tasks, games, action format, roles, prompts, policies and rewards.
 
+    The abstract methods are what collect and evaluate need; the rest serve one stage or role
+    each and, left out, fail with an error naming what is missing when that stage or role runs.
     `turns` below are a trajectory's turn records (dicts with reason, action, observation,
     reward), the form every stage reads back from Parquet."""
 
@@ -216,9 +223,9 @@ class Environment(ABC):
     def parse_action(self, text: str) -> tuple[str, str]:
         """(reason, action); ValueError when the text does not follow the format."""
 
-    @abstractmethod
     def same_action(self, a: str, b: str) -> bool:
         """Whether two actions are the same move (a counterfactual equal to the original is dropped)."""
+        return " ".join(a.lower().split()) == " ".join(b.lower().split())
 
     # ---- rewards ----
 
@@ -233,71 +240,73 @@ class Environment(ABC):
     def won(self, reward: float) -> bool:
         """Whether a labelled return, alone, reads as a win (the labeler's calibration)."""
 
-    @abstractmethod
     def relabel_turns(self, num_turns: int) -> list[int]:
         """The turns of a T-turn trajectory where hindsight may branch (HOPE's window)."""
+        raise _missing(self, "relabel window of its own (set relabel.window)")
 
     # ---- scripted behaviour (bootstrap) ----
 
-    @abstractmethod
     def policies(self, noise: Mapping[str, float]) -> dict[str, Policy]:
         """The scripted behaviour policies by name; `noise` sets the imperfect ones' rates."""
+        raise _missing(self, "scripted behaviour policies (bootstrap)")
 
-    @abstractmethod
     def tokenizer_corpus(self) -> list[str]:
         """Texts the bootstrap tokenizer sees besides the demonstrations (every task's names,
         every prompt a policy will read), so held-out tasks encode as compactly as trained ones."""
+        return []
 
-    @abstractmethod
     def fact_sheets(self, per_task: int, seed: int) -> list[list[Message]]:
         """What a pretrained LLM would know about the tasks, as chats outside any game."""
+        if per_task:
+            raise _missing(self, "fact sheets (bootstrap.facts_per_object)")
+        return []
 
     # ---- oracle roles: they see the hidden state ----
 
-    @abstractmethod
     def oracle_version(self, role: str) -> str:
         """Recorded with each oracle output and bumped when its wording changes (caches key on it)."""
+        raise _missing(self, "oracle roles")
 
-    @abstractmethod
-    def summarize(self, task: Task, turns: Sequence[Mapping], success: bool) -> str: ...
+    def summarize(self, task: Task, turns: Sequence[Mapping], success: bool) -> str:
+        raise _missing(self, "oracle summarizer")
 
-    @abstractmethod
     def propose(self, task: Task, prefix: Sequence[Mapping], n: int) -> list[Counterfactual]:
         """Up to n distinct better actions after `prefix` (HOPE's pi_H)."""
+        raise _missing(self, "oracle proposer")
 
-    @abstractmethod
     def critique(self, task: Task, turns: Sequence[Mapping], top: int) -> list[tuple[int, Counterfactual]]:
         """HR's hindsight controller: the `top` turns to improve, each with its replacement."""
+        raise _missing(self, "oracle controller")
 
-    @abstractmethod
     def label(self, task_id: str, turns: Sequence[Mapping]) -> Label:
         """The return, recomputed by replaying the actions (a logged return is not trusted); a
         task id the environment does not know is a Label without a reward, not an error."""
+        raise _missing(self, "oracle labeler")
 
     # ---- the same roles played by an LLM ----
 
-    @abstractmethod
     def prompt_hash(self, role: str) -> str:
         """Content hash of the prompt templates `role` renders: rows record it, so a reworded prompt shows."""
+        raise _missing(self, "LLM role prompts")
 
-    @abstractmethod
-    def summary_request(self, task: Task, turns: Sequence[Mapping], success: bool) -> Request[str]: ...
+    def summary_request(self, task: Task, turns: Sequence[Mapping], success: bool) -> Request[str]:
+        raise _missing(self, "LLM summarizer prompt")
 
-    @abstractmethod
-    def proposer_request(self, task: Task, prefix: Sequence[Mapping], n: int, summary: str) -> Request[list[Counterfactual]]: ...
+    def proposer_request(self, task: Task, prefix: Sequence[Mapping], n: int, summary: str) -> Request[list[Counterfactual]]:
+        raise _missing(self, "LLM proposer prompt")
 
-    @abstractmethod
-    def controller_request(self, task: Task, turns: Sequence[Mapping], top: int) -> Request[list[tuple[int, Counterfactual]]]: ...
+    def controller_request(self, task: Task, turns: Sequence[Mapping], top: int) -> Request[list[tuple[int, Counterfactual]]]:
+        raise _missing(self, "LLM controller prompt")
 
-    @abstractmethod
     def forward_request(self, game: Game) -> Request[list[tuple[str, object]]]:
         """HR's forward model: the rest of `game`, both sides, as (agent text, simulator answer)
         pairs to step with; the parser checks that the game ends exactly at the last pair."""
+        raise _missing(self, "LLM forward-model prompt")
 
-    @abstractmethod
     def labeler_request(self, turns: Sequence[Mapping], examples: Sequence[tuple[Sequence[Mapping], float]]) -> Request[float]:
         """HR's few-shot labeler: labelled (turns, return) examples, then the trajectory."""
+        raise _missing(self, "LLM labeler prompt")
 
-    @abstractmethod
     def judge_request(self, task_id: str, turns: Sequence[Mapping]) -> Request[dict[str, float]]:
         """Refit's rubric judge: criteria scored 0-10 and "Overall"."""
+        raise _missing(self, "LLM judge prompt")
