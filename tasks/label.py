@@ -25,7 +25,7 @@ from storage.schema import to_table
 from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.plots import histogram, write_plot
-from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
+from tasks.roles import account, call_requests, check_failure_rate, make_generator
 from tasks.rollout import derive_seed
 
 
@@ -46,7 +46,7 @@ def _llm_labels(params: Params, env: Environment, trajs: list[dict], gen) -> tup
         # Refit's judge: criteria scored 0-10, then Overall; the reward is Overall / 10.
         requests = [env.judge_request(t["task_id"], t["turns"]) for t in trajs]
         seeds = [derive_seed(role.seed, "judge", t["trajectory_id"]) for t in trajs]
-        outcomes = call_parsed(gen, [q.messages for q in requests], seeds, [q.parse for q in requests], role_sampling(role), role.parse_attempts)
+        outcomes = call_requests(gen, requests, seeds, role)
         labels = [(o.value["Overall"] / 10, o.status, o.reason, json.dumps(o.value)) if o.status == "ok" else (None, o.status, o.reason, None) for o in outcomes]
         return labels, account(outcomes, gen)
     # HR's few-shot labeler; the examples come from the original (logged) trajectories.
@@ -58,7 +58,7 @@ def _llm_labels(params: Params, env: Environment, trajs: list[dict], gen) -> tup
         shots = rng.sample(others, min(role.few_shot, len(others)))
         requests.append(env.labeler_request(t["turns"], [(s["turns"], s["return"]) for s in shots]))
         seeds.append(derive_seed(role.seed, "label", t["trajectory_id"]))
-    outcomes = call_parsed(gen, [q.messages for q in requests], seeds, [q.parse for q in requests], role_sampling(role), role.parse_attempts)
+    outcomes = call_requests(gen, requests, seeds, role)
     return [(o.value, o.status, o.reason, None) for o in outcomes], account(outcomes, gen)
 
 

@@ -22,7 +22,7 @@ from storage.parquet import write_table
 from storage.schema import to_table
 from storage.validate import StageInputs, row_json
 from tasks.params import Params
-from tasks.roles import account, call_parsed, check_failure_rate, generation_stats, make_generator, policy_generator, role_sampling
+from tasks.roles import account, call_requests, check_failure_rate, generation_stats, make_generator, policy_generator
 from tasks.rollout import Episode, LMAgent, Simulator, ask, derive_seed, episode_from_prefix, episode_stats, play
 from tasks.simulator import check_simulator, make_simulator, simulator_stats
 
@@ -56,7 +56,7 @@ def forward_llm(params: Params, episodes: list[Episode], env: Environment) -> tu
     todo = [ep for ep in episodes if not ep.done]
     requests = [env.forward_request(ep.game) for ep in todo]
     seeds = [derive_seed(role.seed, "forward", ep.relabel_id) for ep in todo]
-    outcomes = call_parsed(gen, [q.messages for q in requests], seeds, [q.parse for q in requests], role_sampling(role), role.parse_attempts)
+    outcomes = call_requests(gen, requests, seeds, role)
     failed = []
     for ep, o in zip(todo, outcomes):
         ep.policy_id = f"forward:{gen.model_id}"

@@ -26,7 +26,7 @@ from storage.parquet import write_table
 from storage.schema import to_table
 from storage.validate import StageInputs
 from tasks.params import Params
-from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
+from tasks.roles import account, call_requests, check_failure_rate, make_generator
 from tasks.rollout import derive_seed, turn_start
 
 
@@ -119,7 +119,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
         proposer_id = f"{role.backend}:{gen.model_id}"
         requests = [env.controller_request(env.task(t["task_id"]), t["turns"], r.hr_top) for t, _ in dialogues]
         seeds = [derive_seed(role.seed, "controller", t["trajectory_id"]) for t, _ in dialogues]
-        outcomes = call_parsed(gen, [q.messages for q in requests], seeds, [q.parse for q in requests], role_sampling(role), role.parse_attempts)
+        outcomes = call_requests(gen, requests, seeds, role)
         for (traj, rng), outcome in zip(dialogues, outcomes):
             if outcome.status != "ok":
                 emit(traj, None, 0, None, outcome.status, outcome.reason)
@@ -140,7 +140,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
         # each site's parser knows its task and prefix, to refuse what only hindsight could justify
         requests = [env.proposer_request(env.task(t["task_id"]), t["turns"][:turn], r.n, summary_of[t["trajectory_id"]]) for t, turn in sites]
         seeds = [derive_seed(role.seed, "relabel", t["trajectory_id"], turn) for t, turn in sites]
-        outcomes = call_parsed(gen, [q.messages for q in requests], seeds, [q.parse for q in requests], role_sampling(role), role.parse_attempts) if sites else []
+        outcomes = call_requests(gen, requests, seeds, role)
         for (traj, turn), outcome in zip(sites, outcomes):
             if outcome.status != "ok":
                 emit(traj, turn, 0, None, outcome.status, outcome.reason)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from envs.base import recorded_reply
 from models.base import Generator
 from tasks.params import Params, RoleParams
-from tasks.roles import Outcome, account, call_parsed, check_failure_rate, make_generator, role_sampling
+from tasks.roles import Outcome, account, call_requests, check_failure_rate, make_generator
 from tasks.rollout import Episode, derive_seed
 
 
@@ -27,7 +27,7 @@ class LLMSimulator:
         requests = [ep.game.simulator_request(t) for ep, t in zip(episodes, texts, strict=True)]
         asked = [i for i, r in enumerate(requests) if r is not None]
         seeds = [derive_seed(self.role.seed, "simulator", episodes[i].seed, len(episodes[i].turns)) for i in asked]
-        outcomes = call_parsed(self.gen, [requests[i].messages for i in asked], seeds, [requests[i].parse for i in asked], role_sampling(self.role), self.role.parse_attempts) if asked else []
+        outcomes = call_requests(self.gen, [requests[i] for i in asked], seeds, self.role)
         self.outcomes += outcomes
         answers: list[object | None] = [None] * len(texts)
         for i, o in zip(asked, outcomes, strict=True):

@@ -15,7 +15,7 @@ from storage.parquet import write_table
 from storage.schema import to_table
 from storage.validate import StageInputs
 from tasks.params import Params
-from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
+from tasks.roles import account, call_requests, check_failure_rate, make_generator
 from tasks.rollout import derive_seed
 
 
@@ -35,7 +35,7 @@ def run_summarize(params: Params, trajectories: Path, out_dir: Path) -> dict:
         model, prompt_hash = gen.model_id, env.prompt_hash("summarizer")
         requests = [env.summary_request(env.task(t["task_id"]), t["turns"], bool(t["success"])) for t in trajs]
         seeds = [derive_seed(role.seed, "summarize", t["trajectory_id"]) for t in trajs]
-        outcomes = call_parsed(gen, [q.messages for q in requests], seeds, [q.parse for q in requests], role_sampling(role), role.parse_attempts)
+        outcomes = call_requests(gen, requests, seeds, role)
         results = [(o.value, o.status, o.reason) for o in outcomes]
         metrics["calls"] = account(outcomes, gen)
     rows = [

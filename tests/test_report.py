@@ -20,7 +20,7 @@ import yaml
 
 from conftest import BIN, CODE, ROOT, built, copy_repo, digest, run, tiny_params, twenty_questions
 from flows.report import default_report_path, write_report
-from tasks.label import reward_histograms
+from tasks.label import RUBRIC, reward_histograms, return_scale
 from tasks.plots import histogram, write_plot
 from tasks.standardize import weight_histograms
 
