@@ -158,8 +158,6 @@ class Mixture:
     whole episode. The draw takes one value from `rng`, so the choice is reproducible from the
     episode's seed; the policies keep no state between episodes and can be shared."""
 
-    name = "mixture"
-
     def __init__(self, weights: Mapping[str, float], policies: Mapping[str, Policy]):
         unknown = set(weights) - set(policies)
         if unknown:
