@@ -42,8 +42,9 @@ class EnvParams(BaseModel):
             )) from None
 
     @staticmethod
-    def keys() -> dict[str, object]:
-        """Every key an installed environment takes, for checking `-S env.<key>=...` overrides."""
+    def known_keys() -> dict[str, object]:
+        """Every key an installed environment takes, for checking `-S env.<key>=...` overrides.
+        (Not `keys`: dict() would take the model for a mapping, as Prefect's parameter walk does.)"""
         return {"name": str} | {k: f.annotation for n in registry.available() for k, f in registry.get(n).Options.model_fields.items()}
 
 
@@ -394,7 +395,7 @@ def _keys_under(annotation: object) -> dict[str, object] | str | None:
     "*" for a dict of free names; None for a value."""
     for a in _members(annotation):
         if a is EnvParams:
-            return EnvParams.keys()
+            return EnvParams.known_keys()
         if isinstance(a, type) and issubclass(a, BaseModel):
             return {name: f.annotation for name, f in a.model_fields.items()}
         if get_origin(a) is dict:
