@@ -311,7 +311,8 @@ def child_pandas(data: dict[str, Path], out: Path, backend: str | None) -> dict:
     df["group_size"], df["group_mean"], df["group_std"] = n, mean, std
     df["standardized_reward"] = ((r - mean) / std).where((n >= 2) & (std != 0), 0.0).where(r.notna())
     df["standardize_status"] = np.select([r.isna(), n < 2, std == 0], ["no_reward", "singleton", "tied"], "ok")
-    df["weight"] = (r + params.env.max_turns) / params.env.max_turns  # weight: return_range
+    lo, hi = params.env.environment().reward_range
+    df["weight"] = (r - lo) / (hi - lo)  # weight: return_range
     df = df.sort_values(["task_id", "trajectory_id"])
     lap("standardize")
     training = ["trajectory_id", "task_id", "split", "source", "parent_id", "relabel_id", "messages", "reward",

@@ -36,7 +36,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envs.twenty_questions.kb import load_kb
 from models.base import Completion, Generator, Message, SamplingParams
 from tasks import collect as collect_module
 from tasks.params import Params, load_params
@@ -119,16 +118,16 @@ def replay(gen: Generator, calls) -> tuple[tuple[float, float], list[list[Comple
 def run_sequential(params: Params, episodes: int) -> tuple[tuple[float, float], Recorder, int]:
     """Collect's episodes (its seeds, tasks, order), the first `episodes` of them, played one at
     a time with collect's agent on an uncached generator."""
-    c, kb = params.collect, load_kb()
+    c, env = params.collect, params.env.environment()
     rec = Recorder(make_generator(params.roles.policy, None, params.roles.policy.model, c.batch_size))
     agent = LMAgent(rec, SamplingParams(**c.sampling.model_dump()))
     eps = [
-        new_episode(kb, task, split, derive_seed(params.seed, "collect", split, task.name, k), params.env.max_turns, params.env.show_candidates)
+        new_episode(env, task, derive_seed(params.seed, "collect", split, task.id, k))
         for split in c.splits
-        for task in kb.split(split)[: c.limit_tasks]
+        for task in env.tasks(split)[: c.limit_tasks]
         for k in range(c.m)
     ][:episodes]
-    simulator = make_simulator(params, kb)
+    simulator = make_simulator(params)
     t0 = clock()
     for e in eps:
         play([e], agent, derive_seed(params.seed, "collect"), "sequential", simulator)
@@ -192,7 +191,7 @@ def main() -> None:
     cpu_rate = {name: tok / cpu for name, (_, cpu), _, tok in rows}
     collect_vs_raw = rate["collect (run_collect)"] / rate["raw (replayed batches)"]
     collect_vs_raw_cpu = cpu_rate["collect (run_collect)"] / cpu_rate["raw (replayed batches)"]
-    print(f"\n{episodes} episodes ({args.tasks} tasks x {params.collect.m}, up to {params.env.max_turns} turns), {requests} requests in {len(rec.calls)} steps, "
+    print(f"\n{episodes} episodes ({args.tasks} tasks x {params.collect.m}, up to {params.env.environment().max_turns} turns), {requests} requests in {len(rec.calls)} steps, "
           f"policy {rec.model_id} on {role.backend} ({role.dtype}), max_new_tokens {params.collect.sampling.max_new_tokens}, "
           f"{torch.get_num_threads()} threads; collect and raw: best of {args.repeats}")
     print(f"{'row':<26}{'episodes':>9}{'seconds':>10}{'CPU s':>9}{'gen tokens':>12}{'tokens/s':>10}{'episodes/s':>12}{'tokens/CPU s':>14}")
@@ -211,7 +210,7 @@ def main() -> None:
     args.out.write_text(json.dumps({
         "command": " ".join(["python", "bench/rollouts.py", *sys.argv[1:]]),
         "machine": {"platform": platform.platform(), "threads": torch.get_num_threads()},
-        "episodes": episodes, "tasks": args.tasks, "m": params.collect.m, "max_turns": params.env.max_turns, "requests": requests, "steps": len(rec.calls),
+        "episodes": episodes, "tasks": args.tasks, "m": params.collect.m, "max_turns": params.env.environment().max_turns, "requests": requests, "steps": len(rec.calls),
         "policy_id": rec.model_id, "backend": role.backend, "dtype": role.dtype,
         "sampling": params.collect.sampling.model_dump(), "batch_size": params.collect.batch_size,
         "rows": [{"row": name, "episodes": n, "seconds": round(wall, 3), "cpu_seconds": round(cpu, 3), "generated_tokens": tok,

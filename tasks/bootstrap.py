@@ -1,10 +1,10 @@
 """bootstrap: build the embedded default policy from nothing.
 
 Scripted behaviour policies play the train tasks (bootstrap.demo_splits); a BPE tokenizer and a
-small Llama are trained by SFT (loss on agent turns only) on their demonstrations and on fact
-sheets about every object of every split (envs/twenty_questions/facts.py), which stand in for
-what a pretrained LLM knows: val and test games stay unseen, their objects do not. The trained
-policy then plays beside the scripted ones so its success rate can be read next to theirs.
+small Llama are trained by SFT (loss on agent turns only) on their demonstrations and on the
+environment's fact sheets about every task of every split, which stand in for what a pretrained
+LLM knows: val and test games stay unseen, their objects do not. The trained policy then plays
+beside the scripted ones so its success rate can be read next to theirs.
 """
 from __future__ import annotations
 
@@ -16,10 +16,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback, set_seed
 
-from envs.twenty_questions.facts import fact_sheets
-from envs.twenty_questions.format import system_prompt
-from envs.twenty_questions.kb import load_kb
-from envs.twenty_questions.policies import ExpertPolicy, NoisyPolicy, RandomPolicy, make_behaviour_policy
+from envs.base import Mixture
 from models.base import SamplingParams
 from models.hf import HFGenerator
 from models.tiny import make_model, train_tokenizer
@@ -30,17 +27,21 @@ from tasks.rollout import LMAgent, ScriptedAgent, derive_seed, episode_stats, ne
 from tasks.train.sft import tokenize_chats, train_sft
 
 
+def behaviour(params: Params) -> Mixture:
+    """The per-episode mixture of the environment's scripted policies (bootstrap.behaviour_mix)."""
+    env = params.env.environment()
+    return Mixture(dict(params.bootstrap.behaviour_mix), env.policies(params.bootstrap.noisy.model_dump()))
+
+
 def demonstrations(params: Params) -> list:
-    kb = load_kb()
-    b = params.bootstrap
+    env, b = params.env.environment(), params.bootstrap
     episodes = [
-        new_episode(kb, task, split, derive_seed(params.seed, "demo", task.name, k), params.env.max_turns, params.env.show_candidates)
+        new_episode(env, task, derive_seed(params.seed, "demo", task.id, k))
         for split in b.demo_splits
-        for task in kb.split(split)[: b.limit_tasks]
+        for task in env.tasks(split)[: b.limit_tasks]
         for k in range(b.demos_per_task)
     ]
-    mixture = make_behaviour_policy(dict(b.behaviour_mix), **b.noisy.model_dump())
-    return play(episodes, ScriptedAgent(mixture.for_episode), params.seed, "demonstrations")
+    return play(episodes, ScriptedAgent(behaviour(params).for_episode), params.seed, "demonstrations")
 
 
 def longest_action_tokens(tokenizer, demos: list) -> int:
@@ -51,26 +52,21 @@ def longest_action_tokens(tokenizer, demos: list) -> int:
 
 
 def _eval_episodes(params: Params, splits: list[str], who: str) -> list:
-    kb = load_kb()
+    env = params.env.environment()
     return [
-        new_episode(kb, t, split, derive_seed(params.seed, "eval", who, t.name), params.env.max_turns, params.env.show_candidates)
+        new_episode(env, t, derive_seed(params.seed, "eval", who, t.id))
         for split in splits
-        for t in kb.split(split)[: params.bootstrap.limit_tasks]
+        for t in env.tasks(split)[: params.bootstrap.limit_tasks]
     ]
 
 
 def scripted_baselines(params: Params, splits: list[str]) -> dict:
     """Success of each scripted policy, one episode per task, on the same tasks as the model."""
-    n = params.bootstrap.noisy
-    policies = {
-        "expert": lambda rng: ExpertPolicy(),
-        "noisy": lambda rng: NoisyPolicy(n.p_random, n.p_repeat, n.p_early_guess),
-        "random": lambda rng: RandomPolicy(),
-        "mixture": make_behaviour_policy(dict(params.bootstrap.behaviour_mix), **n.model_dump()).for_episode,
-    }
+    policies = params.env.environment().policies(params.bootstrap.noisy.model_dump())
+    factories = {name: (lambda rng, p=p: p) for name, p in policies.items()} | {"mixture": behaviour(params).for_episode}
     return {
         name: stats_by_split(play(_eval_episodes(params, splits, name), ScriptedAgent(factory), params.seed, name))
-        for name, factory in policies.items()
+        for name, factory in factories.items()
     }
 
 
@@ -107,21 +103,18 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     t0 = time.time()
     set_seed(params.seed)
     torch.use_deterministic_algorithms(True)
-    b = params.bootstrap
-    kb = load_kb()
+    b, env = params.bootstrap, params.env.environment()
 
     demos = demonstrations(params)
-    facts = fact_sheets(kb, b.facts_per_object, derive_seed(params.seed, "facts"))
+    facts = env.fact_sheets(b.facts_per_object, derive_seed(params.seed, "facts"))
     demo_seconds = time.time() - t0
     rows = [e.to_row() for e in demos]
     write_table(to_table(sorted(rows, key=lambda r: r["trajectory_id"]), "trajectories"), out_dir / "demos.parquet", "trajectories")
 
     conversations = [e.messages for e in demos] + facts
-    # The tokenizer also sees every object name and the candidate-list prompt, so held-out
-    # objects encode as compactly as training ones.
-    names = [n for e in kb.entities for n in (e.name, *e.aliases)]
-    corpus = [m["content"] for c in conversations for m in c] + names
-    corpus += [system_prompt(params.env.max_turns, [x.name for x in kb.split(s)]) for s in ("train", "val", "test")]
+    # The tokenizer also sees every task's names and prompts, so held-out tasks encode as
+    # compactly as training ones.
+    corpus = [m["content"] for c in conversations for m in c] + env.tokenizer_corpus()
     tokenizer = train_tokenizer(corpus, b.tokenizer.vocab_size)
 
     longest = longest_action_tokens(tokenizer, demos)
@@ -161,7 +154,7 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
             "longest_action_tokens": longest,
             "seconds": round(demo_seconds, 1),
         },
-        "fact_sheets": len(facts),  # riddles about every object; the token counts above include them
+        "fact_sheets": len(facts),  # about every task; the token counts above include them
         "model": {
             "parameters": sum(p.numel() for p in model.parameters()),
             "final_loss": curve[-1]["loss"] if curve else None,

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from envs.twenty_questions.kb import load_kb
 from models.base import SamplingParams
 from models.cache import ResponseCache
 from storage.parquet import write_table
@@ -51,29 +50,29 @@ class ShardResult:
     episodes: list[Episode]
     policy_id: str
     generation: dict  # the policy's generation_stats
-    simulator_outcomes: list[Outcome] | None  # None: the knowledge-base oracle answered
+    simulator_outcomes: list[Outcome] | None  # None: the environment's oracle answered
     simulator_generation: dict
 
 
 def shard_episodes(params: Params, shards: int) -> list[list[tuple[str, int, int]]]:
     """(split, task's index in its split, k) of every episode, in the table's order, cut into
     `shards` contiguous pieces of near-equal size: the same pieces on every run, whoever plays them."""
-    c, kb = params.collect, load_kb()
-    specs = [(split, i, k) for split in c.splits for i in range(len(kb.split(split)[: c.limit_tasks])) for k in range(c.m)]
+    c, env = params.collect, params.env.environment()
+    specs = [(split, i, k) for split in c.splits for i in range(len(env.tasks(split)[: c.limit_tasks])) for k in range(c.m)]
     return [specs[i * len(specs) // shards : (i + 1) * len(specs) // shards] for i in range(shards)]
 
 
 def collect_shard(params: Params, model_dir: Path, index: int, shards: int) -> ShardResult:
     """Plays shard `index` of `shards` with a generator and simulator of its own."""
-    c, kb = params.collect, load_kb()
+    c, env = params.collect, params.env.environment()
     generator = policy_generator(params, model_dir, c.batch_size)
     agent = LMAgent(generator, SamplingParams(**c.sampling.model_dump()))
     episodes = [
-        new_episode(kb, task, split, derive_seed(params.seed, "collect", split, task.name, k), params.env.max_turns, params.env.show_candidates)
+        new_episode(env, task, derive_seed(params.seed, "collect", split, task.id, k))
         for split, i, k in shard_episodes(params, shards)[index]
-        for task in [kb.split(split)[i]]
+        for task in [env.tasks(split)[i]]
     ]
-    simulator = make_simulator(params, kb)
+    simulator = make_simulator(params)
     play(episodes, agent, derive_seed(params.seed, "collect"), "collect", simulator)
     return ShardResult(
         episodes, generator.model_id, generation_stats(generator),

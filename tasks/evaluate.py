@@ -11,7 +11,6 @@ import math
 import time
 from pathlib import Path
 
-from envs.twenty_questions.kb import load_kb
 from models.base import SamplingParams
 from storage.parquet import write_table
 from storage.schema import to_table
@@ -53,14 +52,14 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
         raise ValueError("evaluate plays the trained checkpoints in data/train/models, which an openai endpoint does not serve: "
                          "set roles.policy.backend to hf or vllm for evaluate")
     t0 = time.time()
-    e, kb = params.evaluate, load_kb()
+    e, env = params.evaluate, params.env.environment()
     results, rows = {}, []
-    simulator = make_simulator(params, kb)
+    simulator = make_simulator(params)
     for name, model_dir in policies(params, train_dir).items():
         episodes = [
-            new_episode(kb, task, split, derive_seed(params.seed, "evaluate", split, task.name, k), params.env.max_turns, params.env.show_candidates)
+            new_episode(env, task, derive_seed(params.seed, "evaluate", split, task.id, k))
             for split in e.splits
-            for task in kb.split(split)[: e.limit_tasks]
+            for task in env.tasks(split)[: e.limit_tasks]
             for k in range(e.episodes_per_task)
         ]
         generator = policy_generator(params, model_dir, e.batch_size)

@@ -4,9 +4,9 @@ The environment's logged return and the labelled reward are separate columns, so
 can be measured against the ground truth wherever one exists (calibration in the metrics). The
 oracle labeler replays the actions; an LLM labeler follows HR's recipe: the task's description,
 `few_shot` labelled games sampled uniformly from the original trajectories, then the game to
-label (prompts/labeler.j2); or Refit's rubric judge (prompts/judge.j2: criteria scored 0-10 and an
-Overall score, the reward being Overall / 10, as Refit rescales it). A trajectory that cannot be labelled keeps a null reward with its
-status and reason.
+label (the environment's labeler prompt); or Refit's rubric judge (its judge prompt: criteria
+scored 0-10 and an Overall score, the reward being Overall / 10, as Refit rescales it). A
+trajectory that cannot be labelled keeps a null reward with its status and reason.
 """
 from __future__ import annotations
 
@@ -15,26 +15,24 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from envs.twenty_questions.kb import load_kb
-from envs.twenty_questions.labeler import label_trajectory
-from envs.twenty_questions.llm_roles import chat, dialogue, parse_reward, parse_rubric, template_hash
+from envs.base import Environment
 from storage.parquet import write_table
 from storage.schema import to_table
 from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.plots import histogram, write_plot
-from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
-from tasks.rollout import derive_seed, history
-
-ORACLE_VERSION = "oracle-labeler-v1"
+from tasks.roles import account, call_requests, check_failure_rate, make_generator
+from tasks.rollout import derive_seed
 
 
-def _oracle_labels(params: Params, trajs: list[dict]) -> list[tuple[float | None, str, str | None, str | None]]:
-    kb, out = load_kb(), []
+def _oracle_labels(env: Environment, trajs: list[dict]) -> list[tuple[float | None, str, str | None, str | None]]:
+    out = []
     for t in trajs:
-        label = label_trajectory(kb, t["task_id"], [turn["action"] for turn in t["turns"]], params.env.max_turns)
+        label = env.label(t["task_id"], t["turns"])
         reason = label.reason
         if label.reward is not None and t["return"] is not None and t["return"] != label.reward:
             reason += f" (the logged return was {t['return']:g})"
@@ -42,34 +40,49 @@ def _oracle_labels(params: Params, trajs: list[dict]) -> list[tuple[float | None
     return out
 
 
-def _llm_labels(params: Params, trajs: list[dict], gen) -> tuple[list[tuple[float | None, str, str | None, str | None]], dict]:
-    role, T = params.roles.labeler, params.env.max_turns
-    prompts, seeds = [], []
+def _llm_labels(params: Params, env: Environment, trajs: list[dict], gen) -> tuple[list[tuple[float | None, str, str | None, str | None]], dict]:
+    role = params.roles.labeler
     if role.mode == "rubric":
         # Refit's judge: criteria scored 0-10, then Overall; the reward is Overall / 10.
-        for t in trajs:
-            prompts.append(chat("judge.j2", max_turns=T, secret=t["task_id"], dialogue=dialogue(history(t))))
-            seeds.append(derive_seed(role.seed, "judge", t["trajectory_id"]))
-        outcomes = call_parsed(gen, prompts, seeds, parse_rubric, role_sampling(role), role.parse_attempts)
+        requests = [env.judge_request(t["task_id"], t["turns"]) for t in trajs]
+        seeds = [derive_seed(role.seed, "judge", t["trajectory_id"]) for t in trajs]
+        outcomes = call_requests(gen, requests, seeds, role)
         labels = [(o.value["Overall"] / 10, o.status, o.reason, json.dumps(o.value)) if o.status == "ok" else (None, o.status, o.reason, None) for o in outcomes]
         return labels, account(outcomes, gen)
     # HR's few-shot labeler; the examples come from the original (logged) trajectories.
     pool = [t for t in trajs if t["source"] != "regeneration" and t["return"] is not None]
+    requests, seeds = [], []
     for t in trajs:
         rng = random.Random(derive_seed(role.seed, "label-shots", t["trajectory_id"]))
         others = [p for p in pool if p["trajectory_id"] != t["trajectory_id"]]
         shots = rng.sample(others, min(role.few_shot, len(others)))
-        examples = [{"dialogue": dialogue(history(s)), "reward": s["return"]} for s in shots]
-        prompts.append(chat("labeler.j2", max_turns=T, examples=examples, dialogue=dialogue(history(t))))
+        requests.append(env.labeler_request(t["turns"], [(s["turns"], s["return"]) for s in shots]))
         seeds.append(derive_seed(role.seed, "label", t["trajectory_id"]))
-    outcomes = call_parsed(gen, prompts, seeds, lambda text: parse_reward(text, -T, 0), role_sampling(role), role.parse_attempts)
+    outcomes = call_requests(gen, requests, seeds, role)
     return [(o.value, o.status, o.reason, None) for o in outcomes], account(outcomes, gen)
 
 
-def calibration(rows: list[dict], max_turns: int, scale: str) -> dict:
+@dataclass(frozen=True)
+class Scale:
+    """What a labelled reward is measured on: a rubric judge's [0, 1], or the environment's returns."""
+
+    low: float
+    high: float
+    bin: float  # histogram bin width
+    won: Callable[[float], bool]  # whether a reward alone reads as a win
+    rubric: bool = False
+
+
+RUBRIC = Scale(0.0, 1.0, 0.1, lambda r: r >= 0.5, rubric=True)
+
+
+def return_scale(env: Environment) -> Scale:
+    return Scale(*env.reward_range, env.reward_bin, env.won)
+
+
+def calibration(rows: list[dict], scale: Scale) -> dict:
     """Labelled reward against the environment's, where both exist: Pearson correlation, mean
-    absolute error (when both are on the environment's scale) and agreement on success (a win
-    is a return above -max_turns, or a rubric reward of at least 0.5)."""
+    absolute error (when both are on the environment's scale) and agreement on success."""
     pairs = [(r["env_reward"], r["reward"], r["env_success"]) for r in rows if r["reward"] is not None and r["env_reward"] is not None]
     if not pairs:
         return {"pairs": 0}
@@ -77,28 +90,26 @@ def calibration(rows: list[dict], max_turns: int, scale: str) -> dict:
     n, me, ml = len(pairs), sum(env) / len(env), sum(lab) / len(lab)
     cov = sum((a - me) * (b - ml) for a, b in zip(env, lab))
     se, sl = math.sqrt(sum((a - me) ** 2 for a in env)), math.sqrt(sum((b - ml) ** 2 for b in lab))
-    won = (lambda b: b >= 0.5) if scale == "rubric" else (lambda b: b > -max_turns)
     return {
         "pairs": n,
         "pearson": round(cov / (se * sl), 4) if se > 0 and sl > 0 else None,  # undefined when either side is constant
-        "mae": round(sum(abs(a - b) for a, b in zip(env, lab)) / n, 4) if scale != "rubric" else None,
-        "success_agreement": round(sum(won(b) == bool(s) for _, b, s in pairs) / n, 4),
+        "mae": round(sum(abs(a - b) for a, b in zip(env, lab)) / n, 4) if not scale.rubric else None,
+        "success_agreement": round(sum(scale.won(b) == bool(s) for _, b, s in pairs) / n, 4),
     }
 
 
-def reward_histograms(rows: list[dict], scale: str, max_turns: int) -> dict[str, list[dict]]:
+def reward_histograms(rows: list[dict], scale: Scale) -> dict[str, list[dict]]:
     """The labelled reward before and after hindsight, over the same bins: the logged
-    trajectories alone (`reward_logged`) and with the regenerations (`reward_with_hindsight`).
-    Returns are in [-max_turns, 0] (unit bins on the integers); a rubric reward is in [0, 1]
-    (bins of 0.1). Null rewards are left out (metrics.json counts them by status)."""
-    lo, hi, width = (0.0, 1.0, 0.1) if scale == "rubric" else (-float(max_turns), 0.0, 1.0)
+    trajectories alone (`reward_logged`) and with the regenerations (`reward_with_hindsight`),
+    across the scale's range (TwentyQuestions' returns: unit bins on [-max_turns, 0]; a rubric
+    reward: bins of 0.1 on [0, 1]). Null rewards are left out (metrics.json counts them by status)."""
     every = [r["reward"] for r in rows]
     finite = [v for v in every if v is not None and math.isfinite(v)]
-    lo, hi = min([lo, *finite]), max([hi, *finite])  # both histograms get the same bins
+    lo, hi = min([scale.low, *finite]), max([scale.high, *finite])  # both histograms get the same bins
     logged = [r["reward"] for r in rows if r["source"] != "regeneration"]
     return {
-        "reward_logged": histogram(logged, "reward", width, lo, hi),
-        "reward_with_hindsight": histogram(every, "reward", width, lo, hi),
+        "reward_logged": histogram(logged, "reward", scale.bin, lo, hi),
+        "reward_with_hindsight": histogram(every, "reward", scale.bin, lo, hi),
     }
 
 
@@ -113,13 +124,14 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
     dup = next((i for i, c in ids.items() if c > 1), None)
     if dup:
         raise ValueError(f"trajectory {dup} appears in more than one input table; labels are keyed by trajectory_id")
-    calls = None
+    calls, env = None, params.env.environment()
     if role.backend == "oracle":
-        labels, model, prompt_hash = _oracle_labels(params, trajs), ORACLE_VERSION, ORACLE_VERSION
+        version = env.oracle_version("labeler")
+        labels, model, prompt_hash = _oracle_labels(env, trajs), version, version
     else:
         gen = make_generator(role, params.cache.path)
-        labels, calls = _llm_labels(params, trajs, gen)
-        model, prompt_hash = gen.model_id, template_hash("judge.j2" if role.mode == "rubric" else "labeler.j2")
+        labels, calls = _llm_labels(params, env, trajs, gen)
+        model, prompt_hash = gen.model_id, env.prompt_hash("judge" if role.mode == "rubric" else "labeler")
     rows = [
         {
             "trajectory_id": t["trajectory_id"],
@@ -141,11 +153,9 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
     write_table(to_table(rows, "labels"), out_dir / "labels.parquet", "labels")
     by_source = Counter(r["source"] for r in rows)
     ok = [r for r in rows if r["status"] == "ok"]
-    T = params.env.max_turns
-    scale = "rubric" if role.backend != "oracle" and role.mode == "rubric" else "return"
-    for name, hist in reward_histograms(rows, scale, T).items():
+    scale = RUBRIC if role.backend != "oracle" and role.mode == "rubric" else return_scale(env)
+    for name, hist in reward_histograms(rows, scale).items():
         write_plot(hist, out_dir / "plots" / f"{name}.json")
-    won = (lambda r: r["reward"] >= 0.5) if scale == "rubric" else (lambda r: r["reward"] > -T)
     metrics = {
         "inputs": inputs.write(out_dir),
         "labels": len(rows),
@@ -153,8 +163,8 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
         "status": dict(sorted(Counter(r["status"] for r in rows).items())),
         "logged_return_mismatches": sum(r["reward"] is not None and r["env_reward"] is not None and r["reward"] != r["env_reward"] for r in rows),
         "mean_reward": {s: _mean([r["reward"] for r in ok if r["source"] == s]) for s in sorted(by_source)},
-        "success_rate": {s: round(sum(won(r) for r in ok if r["source"] == s) / by_source[s], 4) for s in sorted(by_source)},
-        "calibration": calibration(rows, T, scale),
+        "success_rate": {s: round(sum(scale.won(r["reward"]) for r in ok if r["source"] == s) / by_source[s], 4) for s in sorted(by_source)},
+        "calibration": calibration(rows, scale),
         **({"calls": calls} if calls else {}),
         "seconds": round(time.time() - t0, 1),
     }

@@ -9,6 +9,9 @@ from typing import Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from envs import registry
+from envs.base import Environment
+
 Split = Literal["train", "val", "test"]
 
 
@@ -16,10 +19,33 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class EnvParams(Strict):
-    name: Literal["twenty_questions"] = "twenty_questions"
-    max_turns: int = Field(20, ge=1, le=100)
-    show_candidates: bool = False
+class EnvParams(BaseModel):
+    """`env.name` picks the environment (envs/registry.py); the other keys are its own params,
+    validated by the environment (its Options), so a misspelt one is an error naming it."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str = "twenty_questions"
+
+    @model_validator(mode="after")
+    def _valid(self) -> EnvParams:
+        self.environment()
+        return self
+
+    def environment(self) -> Environment:
+        try:
+            return registry.make(self.name, self.model_extra or {})
+        except KeyError as e:
+            raise ValueError(e.args[0]) from None
+        except ValidationError as e:
+            raise ValueError("; ".join(
+                f"env.{'.'.join(map(str, err['loc']))}: {'unknown key' if err['type'] == 'extra_forbidden' else err['msg']}" for err in e.errors()
+            )) from None
+
+    @staticmethod
+    def known_keys() -> dict[str, object]:
+        """Every key an installed environment takes, for checking `-S env.<key>=...` overrides.
+        (Not `keys`: dict() would take the model for a mapping, as Prefect's parameter walk does.)"""
+        return {"name": str} | {k: f.annotation for n in registry.available() for k, f in registry.get(n).Options.model_fields.items()}
 
 
 Backend = Literal["oracle", "hf", "vllm", "openai"]
@@ -148,7 +174,7 @@ class SamplingParams(Strict):
 class BootstrapParams(Strict):
     demo_splits: list[Split] = Field(min_length=1)
     demos_per_task: int = Field(ge=1)
-    facts_per_object: int = Field(0, ge=0)  # riddles per object of every split (envs/twenty_questions/facts.py)
+    facts_per_object: int = Field(0, ge=0)  # the environment's fact sheets: riddles per task of every split
     behaviour_mix: dict[Literal["expert", "noisy", "random"], float]
     noisy: NoisyParams
     tokenizer: TokenizerParams
@@ -199,11 +225,13 @@ class RelabelParams(Strict):
     k: int = Field(ge=1)  # hope: trajectories per task
     t: int = Field(ge=1)  # hope: timesteps per trajectory
     n: int = Field(ge=1)  # hope: distinct counterfactuals per timestep
-    window: tuple[float, float]  # hope: timesteps j with a*T <= j < b*T
+    window: tuple[float, float] | None = None  # hope: timesteps j with a*T <= j < b*T; null: the environment's window
     hr_top: int = Field(ge=1)  # hr: places the controller names; one is used
 
     @model_validator(mode="after")
     def _window(self) -> RelabelParams:
+        if self.window is None:
+            return self
         a, b = self.window
         if not 0 <= a < b <= 1:
             raise ValueError(f"window must satisfy 0 <= a < b <= 1, got {list(self.window)}")
@@ -221,8 +249,8 @@ class StandardizeParams(Strict):
     # Swift's statistics: logged: each context's logged rows (its m independent samples), every
     # row scored against them; pooled: every row of the context, regenerations included
     stats: Literal["logged", "pooled"] = "logged"
-    # Refit's weight, one map for every arm: return_range: (r + env.max_turns) / env.max_turns;
-    # identity: r, already in [0, 1] (a rubric judge's Overall / 10)
+    # Refit's weight, one map for every arm: return_range: the environment's reward range onto
+    # [0, 1] (TwentyQuestions: (r + max_turns) / max_turns); identity: r, already in [0, 1] (a rubric judge's Overall / 10)
     weight: Literal["return_range", "identity"] = "return_range"
     clip: float | None = Field(None, gt=0)
 
@@ -366,6 +394,8 @@ def _keys_under(annotation: object) -> dict[str, object] | str | None:
     """The keys one level below a field of this type: a model's fields, a dict's Literal keys,
     "*" for a dict of free names; None for a value."""
     for a in _members(annotation):
+        if a is EnvParams:
+            return EnvParams.known_keys()
         if isinstance(a, type) and issubclass(a, BaseModel):
             return {name: f.annotation for name, f in a.model_fields.items()}
         if get_origin(a) is dict:

@@ -6,9 +6,9 @@ the episode on against the simulator (roles.forward.backend: policy, as HOPE doe
 forward model writes the rest of the game, both sides (HR). Every new trajectory names its
 parent, the turn it branched at and the relabel it came from.
 
-The forward model knows the secret (it answers for the simulator), but the player's lines it
-writes must not use it: a continuation whose player guesses the secret before the answers
-justify that guess (proposer.unjustified_guess) is refused and sampled again.
+The forward model knows the hidden state (it answers for the simulator), but the agent's lines
+it writes must not use it: the environment's parser refuses such a continuation (in
+TwentyQuestions, a guess of the secret before the answers justify it) and it is sampled again.
 """
 from __future__ import annotations
 
@@ -16,20 +16,15 @@ import json
 import time
 from pathlib import Path
 
-from envs.twenty_questions.format import render_action
-from envs.twenty_questions.game import Game
-from envs.twenty_questions.kb import load_kb
-from envs.twenty_questions.llm_roles import chat, dialogue, parse_continuation
-from envs.twenty_questions.policies import PlayerView
-from envs.twenty_questions.proposer import unjustified_guess
+from envs.base import Environment
 from models.base import SamplingParams
 from storage.parquet import write_table
 from storage.schema import to_table
 from storage.validate import StageInputs, row_json
 from tasks.params import Params
-from tasks.roles import account, call_parsed, check_failure_rate, generation_stats, make_generator, policy_generator, role_sampling
+from tasks.roles import account, call_requests, check_failure_rate, generation_stats, make_generator, policy_generator
 from tasks.rollout import Episode, LMAgent, Simulator, ask, derive_seed, episode_from_prefix, episode_stats, play
-from tasks.simulator import check_simulator, llm_answer, make_simulator, simulator_stats
+from tasks.simulator import check_simulator, make_simulator, simulator_stats
 
 
 def splice(params: Params, parent: dict, relabel: dict, simulator: Simulator | None = None) -> Episode:
@@ -39,12 +34,9 @@ def splice(params: Params, parent: dict, relabel: dict, simulator: Simulator | N
 
 def splice_all(params: Params, pairs: list[tuple[dict, dict]], simulator: Simulator | None = None) -> list[Episode]:
     """splice for many (parent, relabel) pairs; the simulator answers every counterfactual in one batch."""
-    kb, episodes = load_kb(), []
+    env, episodes = params.env.environment(), []
     for parent, relabel in pairs:
-        ep = episode_from_prefix(
-            kb, parent, relabel["branch_turn"], derive_seed(params.seed, "regenerate", relabel["relabel_id"]),
-            params.env.max_turns, params.env.show_candidates,
-        )
+        ep = episode_from_prefix(env, parent, relabel["branch_turn"], derive_seed(params.seed, "regenerate", relabel["relabel_id"]))
         ep.source, ep.parent_id = "regeneration", parent["trajectory_id"]
         ep.branch_turn, ep.relabel_id = relabel["branch_turn"], relabel["relabel_id"]
         episodes.append(ep)
@@ -55,50 +47,24 @@ def splice_all(params: Params, pairs: list[tuple[dict, dict]], simulator: Simula
     return episodes
 
 
-def forward_parser(params: Params, kb, ep: Episode):
-    """Parses the forward model's continuation of `ep` and checks, by replaying it, that the game
-    ends exactly at its last line (a win, or the last question answered) and that the player
-    never guesses the secret before the answers so far justify that guess."""
-
-    def parse(text: str) -> list[tuple[str, str]]:
-        pairs = parse_continuation(text, len(ep.turns) + 1, params.env.max_turns)
-        game = Game(kb, ep.task, max_turns=params.env.max_turns)
-        game.restore(list(ep.game.history))
-        for k, (q, a) in enumerate(pairs):
-            if game.done:
-                raise ValueError(f"Q{len(ep.turns) + k + 1} comes after the game ended")
-            view = PlayerView(ep.candidates, list(game.history), len(game.history), params.env.max_turns)
-            if (why := unjustified_guess(kb, ep.task, view, q)) is not None:
-                raise ValueError(f"Q{len(ep.turns) + k + 1} {why}")
-            game.step(q, llm_answer(kb, ep.task, q, a))
-        if not game.done:
-            raise ValueError(f"the continuation stops at Q{len(ep.turns) + len(pairs)} before the game ends")
-        return pairs
-
-    return parse
-
-
-def forward_llm(params: Params, episodes: list[Episode], kb) -> tuple[list[Episode], dict]:
-    """HR's forward model: an LLM writes the rest of each spliced game, questions and answers.
-    Returns the completed episodes and the accounting; a game it could not complete is left out
-    of the table and listed with its reason."""
+def forward_llm(params: Params, episodes: list[Episode], env: Environment) -> tuple[list[Episode], dict]:
+    """HR's forward model: an LLM writes the rest of each spliced game, both sides. Returns the
+    completed episodes and the accounting; a game it could not complete is left out of the
+    table and listed with its reason."""
     role = params.roles.forward
     gen = make_generator(role, params.cache.path)
     todo = [ep for ep in episodes if not ep.done]
-    prompts = [
-        chat("forward.j2", secret=ep.task.name, category=ep.task.category, max_turns=params.env.max_turns, dialogue=dialogue(list(ep.game.history)), start=len(ep.turns) + 1)
-        for ep in todo
-    ]
+    requests = [env.forward_request(ep.game) for ep in todo]
     seeds = [derive_seed(role.seed, "forward", ep.relabel_id) for ep in todo]
-    outcomes = call_parsed(gen, prompts, seeds, [forward_parser(params, kb, ep) for ep in todo], role_sampling(role), role.parse_attempts)
+    outcomes = call_requests(gen, requests, seeds, role)
     failed = []
     for ep, o in zip(todo, outcomes):
         ep.policy_id = f"forward:{gen.model_id}"
         if o.status != "ok":
             failed.append({"relabel_id": ep.relabel_id, "status": o.status, "reason": o.reason})
             continue
-        for q, a in o.value:
-            ep.apply(render_action("", q), llm_answer(kb, ep.task, q, a))
+        for text, answer in o.value:
+            ep.apply(text, answer)
     done = [ep for ep in episodes if ep.done]
     return done, {"forward_calls": account(outcomes, gen), "forward_failures": failed}
 
@@ -106,7 +72,7 @@ def forward_llm(params: Params, episodes: list[Episode], kb) -> tuple[list[Episo
 def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/trajectories.parquet (source = regeneration) and out_dir/metrics.json."""
     t0 = time.time()
-    g, kb = params.regenerate, load_kb()
+    g, env = params.regenerate, params.env.environment()
     inputs = StageInputs()
     parents = {t["trajectory_id"]: t for t in inputs.read(trajectories, "trajectories").to_pylist()}
     relabel_table = inputs.read(relabels, "relabels")
@@ -121,7 +87,7 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
     ], "quarantine"))
     skip = set(orphans)
     relabel_rows = [r for i, r in enumerate(relabel_table.to_pylist()) if r["status"] == "ok" and i not in skip]  # the rest have no counterfactual
-    simulator = make_simulator(params, kb)
+    simulator = make_simulator(params)
     episodes = splice_all(params, [(parents[r["trajectory_id"]], r) for r in relabel_rows], simulator)
     ended_at_branch = sum(ep.done for ep in episodes)
     extra: dict = {}
@@ -133,7 +99,7 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
         play(episodes, LMAgent(generator, SamplingParams(**g.sampling.model_dump())), derive_seed(params.seed, "regenerate"), "regenerate", simulator)
         extra.update(generation_stats(generator))
     else:
-        episodes, extra = forward_llm(params, episodes, kb)
+        episodes, extra = forward_llm(params, episodes, env)
     rows = sorted((e.to_row() for e in episodes), key=lambda r: r["trajectory_id"])
     write_table(to_table(rows, "trajectories"), out_dir / "trajectories.parquet", "trajectories")
     used_parents = [parents[r["trajectory_id"]] for r in relabel_rows]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
+from envs.base import Request
 from models.base import Completion, Generator, Message, SamplingParams
 from models.cache import CachedGenerator, ResponseCache
 from tasks.params import Params, RoleParams
@@ -127,6 +128,11 @@ def call_parsed(
         text, why = last[i]
         out[i] = Outcome("invalid", None, text, attempts, f"unparseable after {attempts} attempts: {why}")
     return out  # type: ignore[return-value]
+
+
+def call_requests(gen: Generator, requests: list[Request[T]], seeds: list[int], role: RoleParams) -> list[Outcome[T]]:
+    """call_parsed for an environment's role requests, at the role's sampling and attempts."""
+    return call_parsed(gen, [r.messages for r in requests], seeds, [r.parse for r in requests], role_sampling(role), role.parse_attempts)
 
 
 def account(outcomes: list[Outcome], gen: Generator | None = None) -> dict:

@@ -1,8 +1,8 @@
-"""Play TwentyQuestions episodes, all live episodes batched together at every step.
+"""Play episodes of any environment, all live episodes batched together at every step.
 
 Used by collect (logging trajectories), by bootstrap (to measure the trained policy beside the
-scripted ones) and later by regenerate and evaluate. An agent turns a batch of live episodes
-into one action text each; the environment's oracle answers.
+scripted ones), by regenerate and by evaluate. An agent turns a batch of live episodes into one
+action text each; the environment's game plays it (its oracle answers, or an LLM simulator).
 """
 from __future__ import annotations
 
@@ -14,23 +14,9 @@ from typing import Protocol
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from envs.twenty_questions.format import (
-    EMPTY_REPLY,
-    ActionParseError,
-    final_message,
-    observation_message,
-    parse_action,
-    recorded_reply,
-    render_action,
-    system_prompt,
-)
-from envs.twenty_questions.game import Answer, Game
-from envs.twenty_questions.kb import Entity, KnowledgeBase
-from envs.twenty_questions.policies import PlayerView
+from envs.base import Environment, Game, Policy, Task, recorded_reply
 from models.base import Generator, Message, SamplingParams
 from storage.schema import trajectory_id
-
-ENV_NAME = "twenty_questions"
 
 
 def derive_seed(*parts: object) -> int:
@@ -41,16 +27,18 @@ def derive_seed(*parts: object) -> int:
 
 @dataclass
 class Episode:
-    task: Entity
+    """A trajectory being logged: its game, chat messages, turn records and lineage."""
+
+    env: str
+    task: Task
     split: str
     seed: int
     game: Game
-    candidates: list[Entity]
     messages: list[Message] = field(default_factory=list)
     turns: list[dict] = field(default_factory=list)
     parse_failures: int = 0
     generation_failures: int = 0  # turns whose generation failed after the backend's retries
-    simulator_failures: int = 0  # turns the LLM simulator gave no usable answer to ("unknown")
+    simulator_failures: int = 0  # turns the LLM simulator gave no usable answer to
     policy_id: str = ""
     # Lineage of a regenerated episode: the logged trajectory, turn and relabel it branched from.
     source: str = "policy"
@@ -62,57 +50,19 @@ class Episode:
     def done(self) -> bool:
         return self.game.done
 
-    def view(self) -> PlayerView:
-        return PlayerView(
-            candidates=self.candidates,
-            history=list(self.game.history),
-            turn=self.game.turn,
-            max_turns=self.game.max_turns,
-        )
-
-    @staticmethod
-    def read(text: str) -> tuple[str, str, bool]:
-        """(reason, question, parsed) of an action text. An unparseable output still costs a
-        turn: the simulator hears the raw text, exactly as a sloppy agent would be treated; an
-        empty one is the question EMPTY_REPLY."""
-        try:
-            action = parse_action(text)
-            return action.reason, action.question, True
-        except ActionParseError:
-            return "", recorded_reply(text).strip(), False
-
-    def apply(self, text: str, answer: Answer | None = None) -> None:
-        """Execute one action text: parse it, let the simulator answer (by default the
-        knowledge-base oracle), log the turn. An empty reply is logged as EMPTY_REPLY, in the
-        message and as the turn's action, so the row says what happened and passes the checks."""
-        text = recorded_reply(text)
-        reason, question, parsed = self.read(text)
-        self.parse_failures += not parsed
-        step = self.game.step(question, answer)
-        self.messages.append({"role": "assistant", "content": text})
-        if self.game.done:
-            self.messages.append({"role": "user", "content": final_message(step.observation, step.success)})
-        else:
-            self.messages.append(
-                {
-                    "role": "user",
-                    "content": observation_message(step.observation, self.game.turn, self.game.max_turns),
-                }
-            )
-        self.turns.append(
-            {
-                "turn": len(self.turns),
-                "reason": reason,
-                "action": question,
-                "observation": step.observation,
-                "reward": step.reward,
-            }
-        )
+    def apply(self, text: str, answer: object | None = None) -> None:
+        """Play one action text (`answer`: an LLM simulator's, else the environment's oracle
+        answers) and log the turn. An empty reply is logged as EMPTY_REPLY, in the message and
+        as the turn's action, so the row says what happened and passes the checks."""
+        step = self.game.step(recorded_reply(text), answer)
+        self.parse_failures += not step.info["parsed"]
+        self.messages += [step.info["message"], *step.observation]
+        self.turns.append({"turn": len(self.turns), **step.info["turn"], "reward": step.reward})
 
     def to_row(self) -> dict:
         row = {
-            "env": ENV_NAME,
-            "task_id": self.task.name,
+            "env": self.env,
+            "task_id": self.task.id,
             "split": self.split,
             "source": self.source,
             "parent_id": self.parent_id,
@@ -130,36 +80,34 @@ class Episode:
 
 
 def history(row: dict) -> list[tuple[str, str]]:
-    """A trajectory row's (question, answer) pairs: what the player asked and heard."""
+    """A trajectory row's (action, observation) pairs: what the agent did and heard."""
     return [(t["action"], t["observation"]) for t in row["turns"]]
 
 
-def episode_from_prefix(kb: KnowledgeBase, parent: dict, branch_turn: int, seed: int, max_turns: int, show_candidates: bool) -> Episode:
+def turn_start(messages: Sequence[Message], turn: int) -> int:
+    """The index of the message that is action number `turn`: every turn is one agent message
+    (Step.info["message"]), so it is the turn-th assistant message."""
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant"][turn]
+
+
+def episode_from_prefix(env: Environment, parent: dict, branch_turn: int, seed: int) -> Episode:
     """The episode `parent` (a trajectories row) was at just before its action number
-    `branch_turn`: its messages and turns copied, and the game state restored from the logged
-    answers rather than asked again, so the prefix is exactly the logged one."""
+    `branch_turn`: its messages and turns copied, and the game restored from the logged
+    observations rather than asked again, so the prefix is exactly the logged one."""
     if not 0 <= branch_turn < parent["num_turns"]:
         raise ValueError(f"trajectory {parent['trajectory_id']}: branch turn {branch_turn} outside 0..{parent['num_turns'] - 1}")
-    ep = new_episode(kb, kb.get(parent["task_id"]), parent["split"], seed, max_turns, show_candidates)
-    ep.messages = [dict(m) for m in parent["messages"][: 2 + 2 * branch_turn]]
+    ep = new_episode(env, env.task(parent["task_id"]), seed)
+    ep.split = parent["split"]  # a branch stays in its parent's split
+    ep.messages = [dict(m) for m in parent["messages"][: turn_start(parent["messages"], branch_turn)]]
     ep.turns = [dict(t) for t in parent["turns"][:branch_turn]]
-    ep.game.restore(history({"turns": ep.turns}))
+    ep.game.restore(ep.turns)
     return ep
 
 
-def new_episode(
-    kb: KnowledgeBase, task: Entity, split: str, seed: int, max_turns: int, show_candidates: bool
-) -> Episode:
-    # A player shown the split's list narrows to it; one not shown it must consider every object
-    # it knows, so scripted players then search the whole knowledge base.
-    candidates = kb.split(split) if show_candidates else list(kb.entities)
-    names = [c.name for c in candidates] if show_candidates else None
-    ep = Episode(task=task, split=split, seed=seed, game=Game(kb, task, max_turns=max_turns), candidates=candidates)
-    ep.messages = [
-        {"role": "system", "content": system_prompt(max_turns=max_turns, candidates=names)},
-        {"role": "user", "content": observation_message(None, 0, max_turns)},
-    ]
-    return ep
+def new_episode(env: Environment, task: Task, seed: int) -> Episode:
+    game = env.game(task)
+    messages, _ = game.reset()
+    return Episode(env=env.name, task=task, split=task.split, seed=seed, game=game, messages=messages)
 
 
 class Agent(Protocol):
@@ -190,12 +138,12 @@ class LMAgent:
 
 
 class ScriptedAgent:
-    """A scripted behaviour policy. `policy_for(episode)` picks the policy an episode plays with
-    (a mixture draws one per episode) and each episode keeps its own rng, so a rerun repeats."""
+    """A scripted behaviour policy. `policy_for(rng)` picks the policy an episode plays with (a
+    mixture draws one per episode) and each episode keeps its own rng, so a rerun repeats."""
 
-    def __init__(self, policy_for: Callable[[random.Random], object]):
+    def __init__(self, policy_for: Callable[[random.Random], Policy]):
         self.policy_for = policy_for
-        self._state: dict[int, tuple[object, random.Random]] = {}
+        self._state: dict[int, tuple[Policy, random.Random]] = {}
 
     def act(self, episodes: Sequence[Episode], step_seed: int) -> list[str]:
         texts = []
@@ -205,34 +153,24 @@ class ScriptedAgent:
                 self._state[id(ep)] = (self.policy_for(rng), rng)
             policy, rng = self._state[id(ep)]
             ep.policy_id = f"scripted:{policy.name}"
-            action = policy.act(ep.view(), rng)
-            texts.append(render_action(action.reason, action.question))
+            texts.append(policy.act(ep.game, rng))
         return texts
 
 
 class Simulator(Protocol):
-    def answer(self, episodes: Sequence[Episode], questions: list[str]) -> list[Answer]: ...
+    def answer(self, episodes: Sequence[Episode], texts: list[str]) -> list[object | None]:
+        """One answer per action text for `game.step`; None where the oracle's answer stands."""
 
 
-def ask(simulator: Simulator | None, episodes: Sequence[Episode], texts: list[str]) -> list[Answer | None]:
-    """The simulator's answers to the actions `texts` of `episodes`, asked in one batch; None
-    where the knowledge-base oracle answers: every action without a simulator, and an empty
-    reply always (it asks nothing, so the oracle's "unknown" stands and no LLM is asked to
-    make up an answer to it)."""
-    answers: list[Answer | None] = [None] * len(texts)
-    if simulator is None:
-        return answers
-    questions = [Episode.read(t)[1] for t in texts]
-    asked = [i for i, q in enumerate(questions) if q != EMPTY_REPLY]
-    if asked:
-        for i, a in zip(asked, simulator.answer([episodes[i] for i in asked], [questions[i] for i in asked]), strict=True):
-            answers[i] = a
-    return answers
+def ask(simulator: Simulator | None, episodes: Sequence[Episode], texts: list[str]) -> list[object | None]:
+    """The simulator's answers to the actions `texts` of `episodes`, asked in one batch; all None
+    (the environment's oracle answers) without a simulator."""
+    return [None] * len(texts) if simulator is None else simulator.answer(episodes, texts)
 
 
 def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rollout", simulator: Simulator | None = None) -> list[Episode]:
     """Step every live episode together until all are done; a progress bar counts finished ones.
-    The simulator (default: the knowledge-base oracle) answers every live episode's question in
+    The simulator (default: the environment's oracle) answers every live episode's action in
     one batch per step (see ask)."""
     live = [e for e in episodes if not e.done]
     step = 0

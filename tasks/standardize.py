@@ -19,9 +19,9 @@ group_size, group_mean and group_std are the statistics used.
 Refit's weight is the reward itself in [0, 1] (the paper's Overall/10), through a fixed map
 that depends on the reward and the environment only, never on which rows are in the table, so
 every arm weighs a trajectory alike (`weight`):
-- return_range: an environment return r in [-max_turns, 0] weighs (r + max_turns) / max_turns.
-  In TwentyQuestions a failed game returns -max_turns, so weight 0; a win at turn j returns
-  -(j - 1), so weight 1 - (j - 1) / max_turns.
+- return_range: an environment return r in the environment's reward range [lo, hi] weighs
+  (r - lo) / (hi - lo). In TwentyQuestions, [-max_turns, 0]: a failed game returns -max_turns,
+  so weight 0; a win at turn j returns -(j - 1), so weight 1 - (j - 1) / max_turns.
 - identity: the reward is already in [0, 1] (a rubric judge's Overall / 10).
 A reward outside the map's range is an error naming the rows: it means the labeler's scale
 and this knob disagree. Rows without a reward (labelling failed) keep a null weight with
@@ -104,23 +104,19 @@ def counts(df: pl.DataFrame) -> dict[str, int]:
     return dict(df.group_by("standardize_status").len().sort("standardize_status").iter_rows())
 
 
-def weight_range(weight: WeightMap, max_turns: int) -> tuple[float, float]:
-    """The rewards `weight` maps onto [0, 1], linearly: lowest to 0, highest to 1."""
-    return {"return_range": (-float(max_turns), 0.0), "identity": (0.0, 1.0)}[weight]
-
-
-def refit_weight(df: pl.DataFrame, weight: WeightMap, max_turns: int, reward: str = "reward") -> pl.DataFrame:
-    """`df` plus Refit's `weight` (null without a reward). ValueError naming the rows whose
-    reward is outside the map's range."""
-    lo, hi = weight_range(weight, max_turns)
+def refit_weight(df: pl.DataFrame, weight: WeightMap, reward_range: tuple[float, float], reward: str = "reward") -> pl.DataFrame:
+    """`df` plus Refit's `weight` (null without a reward): the rewards `weight` maps onto [0, 1]
+    linearly, lowest to 0, highest to 1 (return_range: the environment's `reward_range`).
+    ValueError naming the rows whose reward is outside the map's range."""
+    lo, hi = reward_range if weight == "return_range" else (0.0, 1.0)
     r = pl.col(reward)
     outside = df.filter(r.is_not_null() & ((r < lo) | (r > hi)))
     if outside.height:
         rows = ", ".join(f"{t} ({v:g})" for t, v in outside.select("trajectory_id", reward).head(5).iter_rows())
-        other = "identity (rewards in [0, 1])" if weight == "return_range" else "return_range (returns in [-env.max_turns, 0])"
+        other = "identity (rewards in [0, 1])" if weight == "return_range" else f"return_range (the environment's returns, in [{reward_range[0]:g}, {reward_range[1]:g}])"
         raise ValueError(
             f"standardize: {outside.height} reward(s) outside [{lo:g}, {hi:g}], the range of standardize.weight: {weight}"
-            f" (env.max_turns {max_turns}): {rows}{', ...' if outside.height > 5 else ''}; does the labeler's scale want weight: {other}?"
+            f": {rows}{', ...' if outside.height > 5 else ''}; does the labeler's scale want weight: {other}?"
         )
     return df.with_columns(weight=(r - lo) / (hi - lo))
 
@@ -194,7 +190,7 @@ def run_standardize(
     clock.lap("join")
     out = standardize(joined, mode=s.mode, group_by=("env", "task_id"), clip=s.clip, stats=s.stats)
     columns = [c for c in TRAINING_COLUMNS if c != "messages"]
-    out = refit_weight(out, s.weight, params.env.max_turns).select(*columns, "_file", "_row").sort("task_id", "trajectory_id")
+    out = refit_weight(out, s.weight, params.env.environment().reward_range).select(*columns, "_file", "_row").sort("task_id", "trajectory_id")
     clock.lap("standardize")
     _write_tables(out, [str(p) for p in trajectory_files], out_dir)
     for name, hist in weight_histograms(out).items():

@@ -1,8 +1,8 @@
 """summarize: one short summary per trajectory (HOPE's pi_sum), the proposer's hindsight input.
 
 The oracle summarizer writes it from the environment's hidden state; an LLM summarizer is shown
-the game, the secret and its category (prompts/summary.j2). A summary the LLM could not give
-keeps its row with a null summary, the status and the reason; relabel skips it.
+the game and the hidden state by the environment's summary prompt. A summary the LLM could not
+give keeps its row with a null summary, the status and the reason; relabel skips it.
 """
 from __future__ import annotations
 
@@ -11,40 +11,31 @@ import json
 import time
 from pathlib import Path
 
-from envs.twenty_questions.kb import load_kb
-from envs.twenty_questions.llm_roles import chat, dialogue, parse_summary, template_hash
-from envs.twenty_questions.summarizer import VERSION, summarize_game
 from storage.parquet import write_table
 from storage.schema import to_table
 from storage.validate import StageInputs
 from tasks.params import Params
-from tasks.roles import account, call_parsed, check_failure_rate, make_generator, role_sampling
-from tasks.rollout import derive_seed, history
+from tasks.roles import account, call_requests, check_failure_rate, make_generator
+from tasks.rollout import derive_seed
 
 
 def run_summarize(params: Params, trajectories: Path, out_dir: Path) -> dict:
     """Reads a trajectories table; writes out_dir/summaries.parquet and out_dir/metrics.json."""
     t0 = time.time()
-    kb, role = load_kb(), params.roles.summarizer
+    env, role = params.env.environment(), params.roles.summarizer
     inputs = StageInputs()
     trajs = inputs.read(trajectories, "trajectories").to_pylist()
-    histories = [history(traj) for traj in trajs]
     metrics: dict = {}
     if role.backend == "oracle":
-        model, prompt_hash = VERSION, hashlib.sha256(VERSION.encode()).hexdigest()[:12]
-        results = [(summarize_game(kb, kb.get(t["task_id"]), h, bool(t["success"])), "ok", None) for t, h in zip(trajs, histories)]
+        version = env.oracle_version("summarizer")
+        model, prompt_hash = version, hashlib.sha256(version.encode()).hexdigest()[:12]
+        results = [(env.summarize(env.task(t["task_id"]), t["turns"], bool(t["success"])), "ok", None) for t in trajs]
     else:
         gen = make_generator(role, params.cache.path)
-        model, prompt_hash = gen.model_id, template_hash("summary.j2")
-        candidates = None
-        prompts = []
-        for t, h in zip(trajs, histories):
-            secret = kb.get(t["task_id"])
-            if params.env.show_candidates:
-                candidates = [e.name for e in kb.split(t["split"])]
-            prompts.append(chat("summary.j2", history=dialogue(h), secret=secret.name, category=secret.category, success=bool(t["success"]), candidates=candidates))
+        model, prompt_hash = gen.model_id, env.prompt_hash("summarizer")
+        requests = [env.summary_request(env.task(t["task_id"]), t["turns"], bool(t["success"])) for t in trajs]
         seeds = [derive_seed(role.seed, "summarize", t["trajectory_id"]) for t in trajs]
-        outcomes = call_parsed(gen, prompts, seeds, parse_summary, role_sampling(role), role.parse_attempts)
+        outcomes = call_requests(gen, requests, seeds, role)
         results = [(o.value, o.status, o.reason) for o in outcomes]
         metrics["calls"] = account(outcomes, gen)
     rows = [

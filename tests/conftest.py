@@ -284,3 +284,10 @@ def pytest_terminal_summary(terminalreporter):
     if FAULTS:
         terminalreporter.section("reliability")
         terminalreporter.write_line(", ".join(f"{k}: {v}" for k, v in sorted(FAULTS.items())))
+
+
+def twenty_questions(max_turns: int = 20, **options):
+    """The TwentyQuestions environment, from the registry as the stages take it."""
+    from envs import registry
+
+    return registry.make("twenty_questions", {"max_turns": max_turns, **options})

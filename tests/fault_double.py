@@ -248,14 +248,16 @@ def running(hang_seconds: float = 3.0) -> Iterator[FaultDouble]:
 def write_logged_games(path: Path, n_tasks: int, max_turns: int, per_task: int = 2, split: str = "train") -> list[dict]:
     """Scripted, noisy games on the first n_tasks tasks of a split: a stage's input in seconds."""
     from envs.twenty_questions.kb import load_kb
+    from envs.twenty_questions.env import Scripted
     from envs.twenty_questions.policies import NoisyPolicy
     from storage.parquet import write_table
     from storage.schema import to_table
+    from conftest import twenty_questions
     from tasks.rollout import ScriptedAgent, new_episode, play
 
     kb = load_kb()
-    eps = [new_episode(kb, task, split, k, max_turns, False) for task in kb.split(split)[:n_tasks] for k in range(per_task)]
-    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    eps = [new_episode(twenty_questions(max_turns), task, k) for task in kb.split(split)[:n_tasks] for k in range(per_task)]
+    play(eps, ScriptedAgent(lambda rng: Scripted(NoisyPolicy(0.4, 0.2, 0.1))), 0, "logged")
     rows = [e.to_row() for e in eps]
     path.parent.mkdir(parents=True, exist_ok=True)
     write_table(to_table(rows, "trajectories"), path, "trajectories")

@@ -9,8 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import tiny_params
+from conftest import tiny_params, twenty_questions
 from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.env import Scripted
 from envs.twenty_questions.policies import NoisyPolicy
 from storage.parquet import META_NAME, META_VERSION, write_table
 from storage.schema import MESSAGE, SCHEMAS, get_schema, to_table, trajectory_id
@@ -148,12 +149,12 @@ def test_an_empty_table_is_fine(tmp_path, name):
 def test_rows_the_pipeline_writes_pass(tmp_path):
     """Scripted collect rows and regenerations spliced from them, as collect and regenerate write them."""
     kb, params = load_kb(), Params.model_validate(tiny_params())
-    episodes = [new_episode(kb, task, "train", derive_seed("bad-input", task.name), 20, False) for task in kb.split("train")[:3]]
-    play(episodes, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "bad-input")
+    episodes = [new_episode(twenty_questions(20), task, derive_seed("bad-input", task.name)) for task in kb.split("train")[:3]]
+    play(episodes, ScriptedAgent(lambda rng: Scripted(NoisyPolicy(0.4, 0.2, 0.1))), 0, "bad-input")
     parents = [e.to_row() for e in episodes]
     counterfactual = {"relabel_id": "r0", "branch_turn": 0, "counterfactual_text": "REASON: broad.\nQUESTION: Is it an animal?"}
     children = splice_all(params, [(p, counterfactual) for p in parents])
-    play(children, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 1, "bad-input")
+    play(children, ScriptedAgent(lambda rng: Scripted(NoisyPolicy(0.4, 0.2, 0.1))), 1, "bad-input")
     rows = parents + [c.to_row() for c in children]
     kept, quarantine = check_rows(to_table(rows, "trajectories"), "trajectories", "memory")
     assert quarantine.to_pylist() == [] and kept.num_rows == 6

@@ -4,7 +4,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import tiny_params
+from conftest import tiny_params, twenty_questions
 from envs.twenty_questions.kb import load_kb
 from tasks.collect import run_collect
 from tasks.params import Params
@@ -62,6 +62,6 @@ def test_generation_is_batched_across_live_episodes(model_dir, monkeypatch):
 
     monkeypatch.setattr(gen, "generate", spy)
     kb = load_kb()
-    eps = [new_episode(kb, t, "train", i, 20, False) for i, t in enumerate(kb.split("train")[:5])]
+    eps = [new_episode(twenty_questions(20), t, i) for i, t in enumerate(kb.split("train")[:5])]
     play(eps, LMAgent(gen, SamplingParams(max_new_tokens=8)), 0)
     assert sizes[0] == 5 and len(sizes) == max(len(e.turns) for e in eps)

@@ -5,8 +5,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import tiny_params
-from envs.twenty_questions.format import parse_action
+from conftest import tiny_params, twenty_questions
+from envs.base import fraction_window
+from envs.twenty_questions.env import Scripted
+from envs.twenty_questions.format import parse_action, render_action
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.labeler import label_trajectory
 from envs.twenty_questions.policies import ExpertPolicy, NoisyPolicy, PlayerView, consistent, only_fits
@@ -16,12 +18,13 @@ from storage.schema import to_table
 from tasks.label import run_label
 from tasks.params import Params
 from tasks.regenerate import run_regenerate, splice
-from tasks.relabel import controller_parser, proposals_parser, run_relabel, window
+from tasks.relabel import run_relabel
 from tasks.rollout import ScriptedAgent, derive_seed, new_episode, play
 from tasks.summarize import run_summarize
 
 KB = load_kb()
 TRAIN = KB.split("train")
+ENV = twenty_questions(20)
 ANIMAL = [("Is it an animal?", "yes")]  # leaves Cat, Dog, Horse, Cow, Rabbit, Lion, Tiger and Bear, in that order
 
 
@@ -35,21 +38,22 @@ def logged(tmp_path_factory) -> Path:
     """Noisy scripted trajectories (3 per task on 4 train tasks, 1 on a val task) and their summaries."""
     out = tmp_path_factory.mktemp("logged")
     eps = [
-        new_episode(KB, task, split, derive_seed("logged", task.name, k), 20, False)
+        new_episode(twenty_questions(20), task, derive_seed("logged", task.name, k))
         for split, n_tasks, m in (("train", 4, 3), ("val", 1, 1))
         for task in KB.split(split)[:n_tasks]
         for k in range(m)
     ]
-    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    play(eps, ScriptedAgent(lambda rng: Scripted(NoisyPolicy(0.4, 0.2, 0.1))), 0, "logged")
     write_table(to_table([e.to_row() for e in eps], "trajectories"), out / "trajectories.parquet", "trajectories")
     run_summarize(params(), out / "trajectories.parquet", out)
     return out
 
 
-def test_window_is_half_open():
-    assert window(10, 0.3, 0.6) == [3, 4, 5]
-    assert window(1, 0.3, 0.6) == []
-    assert window(20, 0.0, 1.0) == list(range(20))
+def test_window_is_half_open_and_hopes_by_default():
+    assert fraction_window(10, 0.3, 0.6) == [3, 4, 5]
+    assert fraction_window(1, 0.3, 0.6) == []
+    assert fraction_window(20, 0.0, 1.0) == list(range(20))
+    assert ENV.relabel_turns(20) == list(range(6, 12))  # HOPE 20Q: [0.3T, 0.6T)
 
 
 def test_same_action_normalises_text_questions_and_guesses():
@@ -160,21 +164,21 @@ def test_a_guess_of_the_secret_is_refused_where_the_answers_do_not_justify_it():
 
 
 def test_llm_proposer_and_controller_outputs_that_guess_the_secret_early_are_refused():
-    tiger = KB.get("Tiger")
-    view = PlayerView(TRAIN, ANIMAL, 1, 20)
-    parse = proposals_parser(KB, tiger, view, 2)
+    tiger, env = KB.get("Tiger"), twenty_questions(20, show_candidates=True)  # the train list: 8 animals
+    prefix = [{"action": q, "observation": a} for q, a in ANIMAL]
+    parse = env.proposer_request(tiger, prefix, 2, "a summary").parse
 
     def proposal(question: str) -> str:
         return f'```json\n[{{"teacher_reason": "t", "question": "{question}", "player_reason": "Narrow it down."}}]\n```'
 
-    assert parse(proposal("Is it Cat?"))[0].question == "Is it Cat?"
-    assert parse(proposal("Does it have stripes or spots?"))[0].question == "Does it have stripes or spots?"
+    assert parse(proposal("Is it Cat?"))[0].action == "Is it Cat?"
+    assert parse(proposal("Does it have stripes or spots?"))[0].action == "Does it have stripes or spots?"
     with pytest.raises(ValueError, match="proposal 0: the question guesses the secret while 8 objects"):
         parse(proposal("Is it Tiger?"))
 
-    traj = {"turns": [{"action": q, "observation": a} for q, a in [*ANIMAL, ("Is it red?", "no")]]}
-    parse = controller_parser(KB, tiger, traj, TRAIN, 20, 2)
-    assert parse('1. "Is it red?";colour says little;"Does it have stripes or spots?"/')[0].turn == 1
+    turns = [{"action": q, "observation": a} for q, a in [*ANIMAL, ("Is it red?", "no")]]
+    parse = env.controller_request(tiger, turns, 2).parse
+    assert parse('1. "Is it red?";colour says little;"Does it have stripes or spots?"/')[0][0] == 1
     with pytest.raises(ValueError, match="place 1: the replacement guesses the secret"):
         parse('1. "Is it red?";the secret is a tiger;"Is it Tiger?"/')
     # At the first turn nothing is known either.
@@ -205,8 +209,8 @@ def test_relabel_hope_counts_and_drops_counterfactuals_equal_to_the_original(log
 
 def test_a_counterfactual_the_player_already_took_is_dropped_and_counted(tmp_path):
     # The expert asks maximally informative questions, so the proposer often names its own.
-    eps = [new_episode(KB, t, "train", i, 20, False) for i, t in enumerate(KB.split("train")[:3])]
-    play(eps, ScriptedAgent(lambda rng: ExpertPolicy()), 0, "expert")
+    eps = [new_episode(twenty_questions(20), t, i) for i, t in enumerate(KB.split("train")[:3])]
+    play(eps, ScriptedAgent(lambda rng: Scripted(ExpertPolicy())), 0, "expert")
     write_table(to_table([e.to_row() for e in eps], "trajectories"), tmp_path / "t.parquet", "trajectories")
     run_summarize(params(), tmp_path / "t.parquet", tmp_path)
     p = params(relabel={"window": [0.0, 1.0], "t": 20, "n": 3})
@@ -237,9 +241,9 @@ def test_splice_keeps_the_prefix_and_branches_at_the_right_turn(logged, tmp_path
         assert ep.messages[2 + 2 * j] == {"role": "assistant", "content": r["counterfactual_text"]}
         assert ep.turns[j]["action"] == r["counterfactual_action"] and len(ep.turns) == j + 1
         # The branch action was answered by the environment from the restored state.
-        assert ep.game.turn == j + 1 and ep.game.history[:j] == [(t["action"], t["observation"]) for t in parent["turns"][:j]]
+        assert ep.game.turn == j + 1 and ep.game.state.history[:j] == [(t["action"], t["observation"]) for t in parent["turns"][:j]]
         # The counterfactual is consistent with the candidates the prefix left.
-        view = PlayerView(list(KB.entities), ep.game.history[:j], j, 20)
+        view = PlayerView(list(KB.entities), ep.game.state.history[:j], j, 20)
         guess = KB.resolve_guess(r["counterfactual_action"])
         assert guess is None or guess in consistent(KB, view)
 
@@ -292,8 +296,6 @@ def test_label_reports_a_logged_return_that_disagrees_with_the_replay(logged, tm
 
 
 def test_forward_model_continuation_must_end_the_game_at_its_last_line(logged, tmp_path):
-    from tasks.regenerate import forward_parser
-
     p = params()
     run_relabel(p, logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path)
     r = next(r for r in read_table(tmp_path / "relabels.parquet").to_pylist() if r["status"] == "ok")
@@ -301,16 +303,21 @@ def test_forward_model_continuation_must_end_the_game_at_its_last_line(logged, t
     ep = splice(p, parent, r)
     assert not ep.done
     k, secret, other = len(ep.turns) + 1, ep.task.name, next(e.name for e in KB.entities if e != ep.task)
-    parse = forward_parser(p, KB, ep)
+    forward = ENV.forward_request(ep.game).parse
+
+    def parse(text: str) -> list[tuple[str, str]]:
+        return [(parse_action(t).question, a.text) for t, a in forward(text)]
+
     # The expert player's continuation: questions until only the secret fits, then the guess.
-    played, pairs = list(ep.game.history), []
+    played, pairs = list(ep.game.state.history), []
     while not pairs or KB.resolve_guess(pairs[-1][0]) != ep.task:
-        action = ExpertPolicy(KB).act(PlayerView(ep.candidates, played, len(played), 20), random.Random(0))
+        action = ExpertPolicy(KB).act(PlayerView(ep.game.candidates, played, len(played), 20), random.Random(0))
         q = KB.match_question(action.question)
         pairs.append((action.question, "yes" if q is None or KB.truth(ep.task, q) else "no"))
         played.append(pairs[-1])
     lines = "\n".join(f"Q{k + i}: {q}\nA{k + i}: {a}" for i, (q, a) in enumerate(pairs))
     assert len(pairs) > 1 and parse(lines) == pairs
+    assert forward(lines)[0][0] == render_action("", pairs[0][0])  # HR's utterance alone: an empty reason
     with pytest.raises(ValueError, match="before the game ends"):
         parse(f"Q{k}: Is it {other}?\nA{k}: no")
     with pytest.raises(ValueError, match="before the game ends"):

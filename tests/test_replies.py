@@ -11,9 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from conftest import tiny_params
-from envs.twenty_questions.format import EMPTY_REPLY, ActionParseError, parse_action
+from conftest import tiny_params, twenty_questions
+from envs.base import EMPTY_REPLY
+from envs.twenty_questions.format import ActionParseError, parse_action
 from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.env import Scripted
 from envs.twenty_questions.policies import NoisyPolicy
 from models.base import SamplingParams
 from models.hf import HFGenerator
@@ -115,7 +117,7 @@ def unparseable(text: str) -> bool:
 
 def test_the_silent_model_ends_every_reply_at_once(silent_model_dir):
     gen = HFGenerator(silent_model_dir, batch_size=8)
-    prompts = [new_episode(KB, task, "train", 0, MAX_TURNS, False).messages for task in KB.split("train")[:4]]
+    prompts = [new_episode(twenty_questions(MAX_TURNS), task, 0).messages for task in KB.split("train")[:4]]
     assert [c.text for c in gen.generate(prompts, SamplingParams(1.0, 1.0, 24), [1, 2, 3, 4])] == [""] * 4
 
 
@@ -163,8 +165,8 @@ def test_cut_short_and_unparseable_replies_pass_every_stage(tiny_model_dir, tmp_
 def logged(tmp_path_factory) -> Path:
     """Scripted trajectories: 2 per task on 3 train tasks."""
     out = tmp_path_factory.mktemp("logged")
-    eps = [new_episode(KB, task, "train", derive_seed("replies", task.name, k), MAX_TURNS, False) for task in KB.split("train")[:3] for k in range(2)]
-    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    eps = [new_episode(twenty_questions(MAX_TURNS), task, derive_seed("replies", task.name, k)) for task in KB.split("train")[:3] for k in range(2)]
+    play(eps, ScriptedAgent(lambda rng: Scripted(NoisyPolicy(0.4, 0.2, 0.1))), 0, "logged")
     write_table(to_table([e.to_row() for e in eps], "trajectories"), out / "trajectories.parquet", "trajectories")
     return out / "trajectories.parquet"
 

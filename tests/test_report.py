@@ -18,9 +18,9 @@ import polars as pl
 import pytest
 import yaml
 
-from conftest import BIN, CODE, ROOT, built, copy_repo, digest, run, tiny_params
+from conftest import BIN, CODE, ROOT, built, copy_repo, digest, run, tiny_params, twenty_questions
 from flows.report import default_report_path, write_report
-from tasks.label import reward_histograms
+from tasks.label import RUBRIC, reward_histograms, return_scale
 from tasks.plots import histogram, write_plot
 from tasks.standardize import weight_histograms
 
@@ -48,7 +48,7 @@ def test_float_rewards_go_to_the_nearest_bin_half_way_up():
 def test_a_rubric_reward_gets_tenths_and_logged_and_hindsight_share_their_bins():
     rows = [{"source": "policy", "reward": 0.3}, {"source": "import", "reward": 0.7}, {"source": "policy", "reward": None},
             {"source": "regeneration", "reward": 1.0}, {"source": "regeneration", "reward": 0.3}]
-    h = reward_histograms(rows, "rubric", 20)
+    h = reward_histograms(rows, RUBRIC)
     assert [r["reward"] for r in h["reward_logged"]] == [round(0.1 * k, 1) for k in range(11)]
     assert [r["reward"] for r in h["reward_with_hindsight"]] == [r["reward"] for r in h["reward_logged"]]
     assert {r["reward"]: r["share"] for r in h["reward_logged"] if r["count"]} == {0.3: 0.5, 0.7: 0.5}
@@ -57,7 +57,7 @@ def test_a_rubric_reward_gets_tenths_and_logged_and_hindsight_share_their_bins()
 
 def test_a_value_out_of_range_widens_both_histograms_alike():
     rows = [{"source": "policy", "reward": -3.0}, {"source": "regeneration", "reward": -25.0}]
-    h = reward_histograms(rows, "return", 20)
+    h = reward_histograms(rows, return_scale(twenty_questions(20)))
     assert h["reward_logged"][0]["reward"] == h["reward_with_hindsight"][0]["reward"] == -25.0
     assert len(h["reward_logged"]) == len(h["reward_with_hindsight"]) == 26
 
@@ -91,6 +91,7 @@ def test_weight_histograms_leave_out_rows_without_a_reward():
 
 def test_label_and_standardize_write_their_plot_files(tmp_path):
     from envs.twenty_questions.kb import load_kb
+    from envs.twenty_questions.env import Scripted
     from envs.twenty_questions.policies import NoisyPolicy
     from storage.parquet import write_table
     from storage.schema import to_table
@@ -100,8 +101,8 @@ def test_label_and_standardize_write_their_plot_files(tmp_path):
     from tasks.standardize import run_standardize
 
     kb = load_kb()
-    eps = [new_episode(kb, task, "train", derive_seed("report", task.name, k), 20, False) for task in kb.split("train")[:3] for k in range(3)]
-    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "report")
+    eps = [new_episode(twenty_questions(20), task, derive_seed("report", task.name, k)) for task in kb.split("train")[:3] for k in range(3)]
+    play(eps, ScriptedAgent(lambda rng: Scripted(NoisyPolicy(0.4, 0.2, 0.1))), 0, "report")
     trajs = tmp_path / "trajectories.parquet"
     write_table(to_table([e.to_row() for e in eps], "trajectories"), trajs, "trajectories")
     params = Params.model_validate(tiny_params({"env": {"max_turns": 20}}))
@@ -128,7 +129,8 @@ from pathlib import Path
 import polars as pl
 import yaml
 
-from tasks.label import reward_histograms
+from envs import registry
+from tasks.label import reward_histograms, return_scale
 from tasks.plots import write_plot
 from tasks.standardize import weight_histograms
 
@@ -137,7 +139,7 @@ tag, shift = p["tag"], p["shift"]
 write_plot([{"step": s, "loss": 5.0 / s + shift} for s in range(1, 11)], Path("data/bootstrap/loss.json"))
 rows = [{"source": "policy", "reward": -20.0} for _ in range(30)] + [{"source": "policy", "reward": -12.0 + shift}]
 rows += [{"source": "regeneration", "reward": -8.0 - shift} for _ in range(4)] + [{"source": "regeneration", "reward": None}]
-for name, h in reward_histograms(rows, "return", 20).items():
+for name, h in reward_histograms(rows, return_scale(registry.make("twenty_questions", {"max_turns": 20}))).items():
     write_plot(h, Path("data/label/plots") / f"{name}.json")
 df = pl.DataFrame({"standardized_reward": [0.0] * 20 + [1.5 + shift, -0.5], "weight": [0.0] * 20 + [0.6, 0.1 * shift]})
 for name, h in weight_histograms(df).items():

@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CODE, ROOT, TINY, built, digest, tiny_params
+from conftest import CODE, ROOT, TINY, built, digest, tiny_params, twenty_questions
 from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.env import Scripted
 from envs.twenty_questions.policies import NoisyPolicy
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
@@ -48,8 +49,8 @@ LLM_ROLE = {"collect": "policy", "summarize": "summarizer", "relabel": "proposer
 
 def _inputs(out: Path) -> None:
     kb = load_kb()
-    eps = [new_episode(kb, task, "train", derive_seed("resume", task.name, k), MAX_TURNS, False) for task in kb.split("train")[:3] for k in range(3)]
-    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    eps = [new_episode(twenty_questions(MAX_TURNS), task, derive_seed("resume", task.name, k)) for task in kb.split("train")[:3] for k in range(3)]
+    play(eps, ScriptedAgent(lambda rng: Scripted(NoisyPolicy(0.4, 0.2, 0.1))), 0, "logged")
     write_table(to_table([e.to_row() for e in eps], "trajectories"), out / "trajectories.parquet", "trajectories")
     oracle = Params.model_validate(tiny_params({"env": {"max_turns": MAX_TURNS}}))
     run_summarize(oracle, out / "trajectories.parquet", out)

@@ -64,14 +64,16 @@ def test_failure_rate_threshold():
 def _logged_games(tmp_path, n_tasks: int):
     """Noisy scripted games, 2 per task on the first n_tasks train tasks, 6 turns at most."""
     from envs.twenty_questions.kb import load_kb
+    from envs.twenty_questions.env import Scripted
     from envs.twenty_questions.policies import NoisyPolicy
     from storage.parquet import write_table
     from storage.schema import to_table
+    from conftest import twenty_questions
     from tasks.rollout import ScriptedAgent, new_episode, play
 
     kb = load_kb()
-    eps = [new_episode(kb, task, "train", k, 6, False) for task in kb.split("train")[:n_tasks] for k in range(2)]
-    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    eps = [new_episode(twenty_questions(6), task, k) for task in kb.split("train")[:n_tasks] for k in range(2)]
+    play(eps, ScriptedAgent(lambda rng: Scripted(NoisyPolicy(0.4, 0.2, 0.1))), 0, "logged")
     trajs = tmp_path / "trajectories.parquet"
     write_table(to_table([e.to_row() for e in eps], "trajectories"), trajs, "trajectories")
     return trajs
@@ -142,14 +144,15 @@ class SaysYes:
 
 def test_llm_simulator_cannot_hand_out_wins():
     from envs.twenty_questions.kb import load_kb
+    from conftest import twenty_questions
     from tasks.rollout import new_episode
     from tasks.simulator import LLMSimulator
 
     kb = load_kb()
     secret, other = kb.split("train")[:2]
     role = RoleParams(backend="openai", model="m", base_url="http://x/v1")
-    sim = LLMSimulator(kb, SaysYes(), role)
-    eps = [new_episode(kb, secret, "train", s, 20, False) for s in range(3)]
+    sim = LLMSimulator(SaysYes(), role)
+    eps = [new_episode(twenty_questions(20), secret, s) for s in range(3)]
     questions = ["Is it an animal?", f"Is it {other.name}?", f"Is it {secret.name}?"]
     answers = sim.answer(eps, questions)
     assert [a.text for a in answers] == ["yes", "yes", "yes"]

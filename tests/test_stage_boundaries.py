@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CODE, ROOT, TINY, built, digest, tiny_params
+from conftest import CODE, ROOT, TINY, built, digest, tiny_params, twenty_questions
 from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.env import Scripted
 from envs.twenty_questions.policies import NoisyPolicy
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
@@ -49,8 +50,8 @@ TRAJECTORY_FAULTS = [
 
 def _clean_chain(out: Path, model: Path) -> None:
     kb = load_kb()
-    eps = [new_episode(kb, task, "train", derive_seed("bounds", task.name, k), 20, False) for task in kb.split("train")[:4] for k in range(3)]
-    play(eps, ScriptedAgent(lambda rng: NoisyPolicy(0.4, 0.2, 0.1)), 0, "logged")
+    eps = [new_episode(twenty_questions(20), task, derive_seed("bounds", task.name, k)) for task in kb.split("train")[:4] for k in range(3)]
+    play(eps, ScriptedAgent(lambda rng: Scripted(NoisyPolicy(0.4, 0.2, 0.1))), 0, "logged")
     write_table(to_table([e.to_row() for e in eps], "trajectories"), out / "trajectories.parquet", "trajectories")
     run_summarize(PARAMS, out / "trajectories.parquet", out)
     run_relabel(PARAMS, out / "trajectories.parquet", out / "summaries.parquet", out)

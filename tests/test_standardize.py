@@ -108,28 +108,28 @@ def test_refit_weight_maps_an_environment_return_onto_zero_to_one():
     # TwentyQuestions: -1 per turn, 0 for the correct guess, so a win at turn j returns -(j - 1)
     # and weighs 1 - (j - 1) / T; a loss returns -T and weighs 0.
     df = frame({"a": [-20.0, 0.0, -4.0, -19.0, None]})
-    assert refit_weight(df, "return_range", 20)["weight"].to_list() == pytest.approx([0.0, 1.0, 0.8, 0.05, None])
-    assert refit_weight(frame({"a": [-8.0, -2.0]}), "return_range", 8)["weight"].to_list() == pytest.approx([0.0, 0.75])
+    assert refit_weight(df, "return_range", (-20.0, 0.0))["weight"].to_list() == pytest.approx([0.0, 1.0, 0.8, 0.05, None])
+    assert refit_weight(frame({"a": [-8.0, -2.0]}), "return_range", (-8.0, 0.0))["weight"].to_list() == pytest.approx([0.0, 0.75])
 
 
 def test_refit_weight_identity_keeps_a_reward_already_in_zero_to_one():
     df = frame({"a": [0.0, 0.35, 1.0, None]})  # a rubric judge's Overall / 10
-    assert refit_weight(df, "identity", 20)["weight"].to_list() == [0.0, 0.35, 1.0, None]
+    assert refit_weight(df, "identity", (-20.0, 0.0))["weight"].to_list() == [0.0, 0.35, 1.0, None]
 
 
 def test_a_reward_outside_the_weight_map_is_an_error_naming_the_rows():
     with pytest.raises(ValueError, match=r"1 reward\(s\) outside \[-20, 0\].*weight: return_range.*: a-p1 \(0\.7\).*weight: identity"):
-        refit_weight(frame({"a": [-3.0, 0.7]}), "return_range", 20)
+        refit_weight(frame({"a": [-3.0, 0.7]}), "return_range", (-20.0, 0.0))
     with pytest.raises(ValueError, match=r"2 reward\(s\) outside \[0, 1\].*: a-p0 \(-3\), a-p2 \(-20\)"):
-        refit_weight(frame({"a": [-3.0, 0.7, -20.0]}), "identity", 20)
+        refit_weight(frame({"a": [-3.0, 0.7, -20.0]}), "identity", (-20.0, 0.0))
 
 
 def test_the_logged_rows_weigh_the_same_with_or_without_regenerations_in_the_table():
     # The regenerations reach a return (-1) and a z beyond the logged rows'; neither may move
     # the logged rows' Refit weight or Swift z, so the logged-only arm sees the same numbers.
     logged = {"a": [-20.0, -5.0, -12.0], "b": [-20.0, -20.0, -3.0]}
-    alone = refit_weight(standardize(frame(logged)), "return_range", 20)
-    mixed = refit_weight(standardize(frame(logged, {"a": [-1.0, -20.0], "b": [0.0]})), "return_range", 20)
+    alone = refit_weight(standardize(frame(logged)), "return_range", (-20.0, 0.0))
+    mixed = refit_weight(standardize(frame(logged, {"a": [-1.0, -20.0], "b": [0.0]})), "return_range", (-20.0, 0.0))
     mixed = mixed.filter(pl.col("source") != "regeneration")
     assert mixed["trajectory_id"].to_list() == alone["trajectory_id"].to_list()
     for column in ("weight", "standardized_reward", "group_mean", "group_std", "group_size"):

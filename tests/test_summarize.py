@@ -8,7 +8,7 @@ from storage.schema import to_table
 from tasks.params import Params
 from tasks.rollout import new_episode
 from tasks.summarize import run_summarize
-from conftest import tiny_params
+from conftest import tiny_params, twenty_questions
 
 
 def test_summary_names_secret_category_misses_and_outcome():
@@ -32,7 +32,7 @@ def test_stage_writes_one_summary_per_trajectory(tmp_path):
     kb = load_kb()
     rows = []
     for i, name in enumerate(["Dog", "Apple"]):
-        ep = new_episode(kb, kb.get(name), "train", i, 20, False)
+        ep = new_episode(twenty_questions(20), kb.get(name), i)
         for text in ("REASON: Ask.\nQUESTION: Is it an animal?", f"REASON: Guess.\nQUESTION: Is it {name}?"):
             ep.apply(text)
         ep.policy_id = "test"

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from envs.base import EMPTY_REPLY, Mixture, recorded_reply
 from envs.twenty_questions.format import (
-    EMPTY_REPLY,
     ActionParseError,
     final_message,
     observation_message,
     parse_action,
-    recorded_reply,
     render_action,
     system_prompt,
 )
@@ -23,11 +22,9 @@ from envs.twenty_questions.game import MAX_TURNS, Answer, Game, Oracle
 from envs.twenty_questions.kb import DATA_PATH, KBError, load_kb
 from envs.twenty_questions.policies import (
     ExpertPolicy,
-    MixturePolicy,
     NoisyPolicy,
     PlayerView,
     RandomPolicy,
-    make_behaviour_policy,
     play,
 )
 
@@ -330,21 +327,21 @@ def test_noisy_policy_validates_probabilities(kb):
 
 
 def test_mixture_draws_one_policy_per_episode(kb):
-    mixture = make_behaviour_policy({"expert": 0.6, "noisy": 0.3, "random": 0.1}, p_random=0.15, p_repeat=0.1,
-                                    p_early_guess=0.1, kb=kb)
+    policies = {"expert": ExpertPolicy(kb), "noisy": NoisyPolicy(0.15, 0.1, 0.1, kb), "random": RandomPolicy(kb)}
+    mixture = Mixture({"expert": 0.6, "noisy": 0.3, "random": 0.1}, policies)
     draws = [mixture.for_episode(random.Random(seed)).name for seed in range(300)]
     assert draws == [mixture.for_episode(random.Random(seed)).name for seed in range(300)]
     assert set(draws) == {"expert", "noisy", "random"}
     assert draws.count("expert") > draws.count("noisy") > draws.count("random")
-    only_expert = make_behaviour_policy({"expert": 1.0, "random": 0.0}, p_random=0, p_repeat=0, p_early_guess=0, kb=kb)
+    only_expert = Mixture({"expert": 1.0, "random": 0.0}, policies)
     assert {only_expert.for_episode(random.Random(s)).name for s in range(20)} == {"expert"}
 
 
 def test_mixture_rejects_bad_weights(kb):
     with pytest.raises(ValueError, match="greedy"):
-        MixturePolicy({"greedy": 1.0}, {"expert": ExpertPolicy(kb)})
+        Mixture({"greedy": 1.0}, {"expert": ExpertPolicy(kb)})
     with pytest.raises(ValueError):
-        MixturePolicy({"expert": 0.0}, {"expert": ExpertPolicy(kb)})
+        Mixture({"expert": 0.0}, {"expert": ExpertPolicy(kb)})
 
 
 # --- chat format ----------------------------------------------------------------------------

@@ -24,25 +24,12 @@ class Action:
     question: str
 
 
-# What a trajectory records for a reply with no text (the model ended at once, or its backend
-# gave up on the turn): every chat message needs content (row checks and chat templates), and a
-# visible marker says what happened where an empty string would read as a field left out. It
-# is no action, so it is played as an unparseable reply: the turn is spent and answered "unknown".
-EMPTY_REPLY = "(empty reply)"
-
-
 class ActionParseError(ValueError):
     """A policy output that does not follow the REASON/QUESTION format."""
 
 
 def render_action(reason: str, question: str) -> str:
     return f"REASON: {reason}\nQUESTION: {question}"
-
-
-def recorded_reply(text: str) -> str:
-    """The text a trajectory records for a policy's reply: the reply as it is, or EMPTY_REPLY
-    when it holds nothing but whitespace."""
-    return text if text.strip() else EMPTY_REPLY
 
 
 def parse_action(text: str) -> Action:

@@ -33,6 +33,11 @@ class Entity:
     attributes: frozenset[str]
     also: frozenset[str] = frozenset()  # further categories it plainly belongs to
 
+    @property
+    def id(self) -> str:
+        """The task id: trajectories name an object by its name."""
+        return self.name
+
 
 @dataclass(frozen=True)
 class Question:

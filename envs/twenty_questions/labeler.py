@@ -6,19 +6,12 @@ before its game is over cannot be scored and is reported as such.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from envs.base import Label
 
 from .game import Game
 from .kb import KnowledgeBase
 
 VERSION = "oracle-labeler-v1"
-
-
-@dataclass(frozen=True)
-class Label:
-    reward: float | None
-    success: bool | None
-    reason: str
 
 
 def label_trajectory(kb: KnowledgeBase, task_id: str, actions: list[str], max_turns: int) -> Label:

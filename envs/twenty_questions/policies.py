@@ -12,7 +12,6 @@ the exception: the name it leads to is learnt from the same kind of list in the 
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,12 +22,10 @@ from .kb import Entity, KnowledgeBase, Question, load_kb
 __all__ = [
     "Action",
     "ExpertPolicy",
-    "MixturePolicy",
     "NoisyPolicy",
     "PlayerView",
     "Policy",
     "RandomPolicy",
-    "make_behaviour_policy",
     "play",
 ]
 
@@ -195,50 +192,8 @@ class RandomPolicy:
         return _ask(rng.choice(unasked))
 
 
-class MixturePolicy:
-    """Draws one behaviour policy per episode, with probability proportional to its weight.
-
-    Contract: call `for_episode(rng)` once when an episode starts and let the returned policy play
-    that whole episode. The draw takes one value from `rng`, so the choice is reproducible from
-    the episode's seed; the member policies keep no state between episodes and can be shared.
-    """
-
-    name = "mixture"
-
-    def __init__(self, weights: Mapping[str, float], policies: Mapping[str, Policy]):
-        unknown = set(weights) - set(policies)
-        if unknown:
-            raise ValueError(f"no policy named {sorted(unknown)}; known: {sorted(policies)}")
-        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
-            raise ValueError(f"weights must be >= 0 and not all zero, got {dict(weights)}")
-        self.names = [n for n, w in weights.items() if w > 0]
-        self.weights = [weights[n] for n in self.names]
-        self.policies = dict(policies)
-
-    def for_episode(self, rng: random.Random) -> Policy:
-        return self.policies[rng.choices(self.names, weights=self.weights)[0]]
-
-
-def make_behaviour_policy(
-    mix: Mapping[str, float],
-    *,
-    p_random: float,
-    p_repeat: float,
-    p_early_guess: float,
-    kb: KnowledgeBase | None = None,
-) -> MixturePolicy:
-    """The per-episode mixture of expert / noisy / random named by `mix` (params: bootstrap.behaviour_mix)."""
-    kb = kb or load_kb()
-    policies: dict[str, Policy] = {
-        "expert": ExpertPolicy(kb),
-        "noisy": NoisyPolicy(p_random, p_repeat, p_early_guess, kb),
-        "random": RandomPolicy(kb),
-    }
-    return MixturePolicy(mix, policies)
-
-
 def play(policy: Policy, game: Game, candidates: list[Entity], rng: random.Random) -> list[tuple[Action, Step]]:
-    """Run one episode to the end; for a MixturePolicy pass `mixture.for_episode(rng)`."""
+    """Run one episode to the end; for a mixture pass `mixture.for_episode(rng)` (envs.base.Mixture)."""
     steps = []
     while not game.done:
         view = PlayerView(candidates, list(game.history), game.turn, game.max_turns)

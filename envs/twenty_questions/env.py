@@ -1,0 +1,318 @@
+"""TwentyQuestions behind the environment interface (envs/base.py): the knowledge-base game,
+HOPE's REASON/QUESTION format, the oracle roles and the LLM roles' prompts of this package."""
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+
+from pydantic import Field
+
+from envs.base import (
+    EMPTY_REPLY,
+    Counterfactual,
+    Environment,
+    Label,
+    Options,
+    Policy,
+    Request,
+    Step,
+    fraction_window,
+    recorded_reply,
+)
+from envs.base import Game as BaseGame
+
+from . import labeler, proposer, summarizer
+from .facts import fact_sheets
+from .format import ActionParseError, final_message, observation_message, parse_action, render_action, system_prompt
+from .game import MAX_TURNS, Answer, Game
+from .kb import EXPECTED_COUNTS, Entity, KnowledgeBase, load_kb
+from .llm_roles import (
+    chat,
+    dialogue,
+    parse_continuation,
+    parse_controller,
+    parse_proposals,
+    parse_reward,
+    parse_rubric,
+    parse_summary,
+    parse_yes_no,
+    template_hash,
+)
+from .policies import ExpertPolicy, NoisyPolicy, PlayerView, RandomPolicy
+
+TEMPLATES = {
+    "simulator": "simulator.j2", "summarizer": "summary.j2", "proposer": "proposer.j2", "controller": "controller.j2",
+    "forward": "forward.j2", "labeler": "labeler.j2", "judge": "judge.j2",
+}
+ORACLE_VERSIONS = {"summarizer": summarizer.VERSION, "proposer": proposer.VERSION, "controller": proposer.VERSION, "labeler": labeler.VERSION}
+
+
+class TwentyQuestionsOptions(Options):
+    max_turns: int = Field(MAX_TURNS, ge=1, le=100)  # HOPE: 20, the last one a forced guess
+    show_candidates: bool = False  # list the split's objects in the prompts (HOPE does; costs tokens)
+
+
+def history(turns: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """(question, answer) pairs of a trajectory's turns."""
+    return [(t["action"], t["observation"]) for t in turns]
+
+
+def llm_answer(kb: KnowledgeBase, secret: Entity, question: str, text: str) -> Answer:
+    """A model's yes/no/unknown as the game's answer: a win needs a yes to a guess that names the
+    secret, so a model that says yes to everything cannot hand out wins."""
+    guess = kb.resolve_guess(question)
+    return Answer(text, is_guess=guess is not None, correct=text == "yes" and guess == secret)
+
+
+class TwentyQuestionsGame(BaseGame):
+    def __init__(self, env: TwentyQuestions, task: Entity):
+        self.env, self.task, self.max_turns = env, task, env.max_turns
+        # A player shown the split's list narrows to it; one not shown it must consider every
+        # object it knows, so scripted players then search the whole knowledge base.
+        self.candidates = env.candidates(task.split)
+        self.state = Game(env.kb, task, max_turns=env.max_turns)
+
+    @property
+    def turn(self) -> int:
+        return self.state.turn
+
+    @property
+    def done(self) -> bool:
+        return self.state.done
+
+    @property
+    def success(self) -> bool:
+        return self.state.success
+
+    def reset(self):
+        names = [c.name for c in self.candidates] if self.env.options.show_candidates else None
+        return [
+            {"role": "system", "content": system_prompt(max_turns=self.max_turns, candidates=names)},
+            {"role": "user", "content": observation_message(None, 0, self.max_turns)},
+        ], {}
+
+    def read(self, text: str) -> tuple[str, str, bool]:
+        """(reason, question, parsed). An unparseable text is asked as it is: the simulator hears
+        the raw text, as a sloppy agent would be treated; an empty one is the question EMPTY_REPLY."""
+        try:
+            action = parse_action(text)
+            return action.reason, action.question, True
+        except ActionParseError:
+            return "", recorded_reply(text).strip(), False
+
+    def step(self, text: str, answer: Answer | None = None) -> Step:
+        reason, question, parsed = self.read(text)
+        s = self.state.step(question, answer)
+        content = final_message(s.observation, s.success) if s.done else observation_message(s.observation, self.turn, self.max_turns)
+        info = {
+            "message": {"role": "assistant", "content": text},
+            "turn": {"reason": reason, "action": question, "observation": s.observation},
+            "parsed": parsed,
+            "success": s.success,
+        }
+        # Only a right guess ends the game early; a non-guess on the final turn runs out of turns.
+        return Step([{"role": "user", "content": content}], s.reward, s.success, s.done and not s.success, info)
+
+    def restore(self, turns) -> None:
+        self.state.restore(history(turns))
+
+    def view(self) -> PlayerView:
+        return PlayerView(self.candidates, list(self.state.history), self.state.turn, self.max_turns)
+
+    def simulator_request(self, text: str) -> Request[Answer] | None:
+        question = self.read(text)[1]
+        if question == EMPTY_REPLY:
+            return None  # it asks nothing: the oracle's "unknown" stands, no LLM makes an answer up
+        prompt = chat("simulator.j2", secret=self.task.name, category=self.task.category, question=question)
+        return Request(prompt, lambda reply: llm_answer(self.env.kb, self.task, question, parse_yes_no(reply)))
+
+    def simulator_failed(self, text: str) -> Answer:
+        return Answer("unknown", is_guess=self.env.kb.resolve_guess(self.read(text)[1]) is not None, correct=False)
+
+
+class Scripted:
+    """A knowledge-base policy (policies.py) acting on a game and answering in the action format."""
+
+    def __init__(self, policy):
+        self.policy, self.name = policy, policy.name
+
+    def act(self, game: TwentyQuestionsGame, rng: random.Random) -> str:
+        action = self.policy.act(game.view(), rng)
+        return render_action(action.reason, action.question)
+
+
+class TwentyQuestions(Environment):
+    name = "twenty_questions"
+    Options = TwentyQuestionsOptions
+    options: TwentyQuestionsOptions
+    splits = tuple(EXPECTED_COUNTS)
+
+    def __init__(self, options: TwentyQuestionsOptions):
+        super().__init__(options)
+        self.kb = load_kb()
+        self.oracle = proposer.OracleProposer(self.kb)
+
+    @property
+    def max_turns(self) -> int:
+        return self.options.max_turns
+
+    def tasks(self, split: str) -> list[Entity]:
+        return self.kb.split(split)
+
+    def task(self, task_id: str) -> Entity:
+        return self.kb.get(task_id)
+
+    def candidates(self, split: str) -> list[Entity]:
+        return self.kb.split(split) if self.options.show_candidates else list(self.kb.entities)
+
+    def game(self, task: Entity) -> TwentyQuestionsGame:
+        return TwentyQuestionsGame(self, task)
+
+    def view(self, task: Entity, prefix: Sequence[Mapping]) -> PlayerView:
+        """What the player saw before action number len(prefix)."""
+        return PlayerView(self.candidates(task.split), history(prefix), len(prefix), self.max_turns)
+
+    def _names(self, task: Entity) -> list[str] | None:
+        return [e.name for e in self.kb.split(task.split)] if self.options.show_candidates else None
+
+    # ---- action format ----
+
+    def render_action(self, reason: str, action: str) -> str:
+        return render_action(reason, action)
+
+    def parse_action(self, text: str) -> tuple[str, str]:
+        action = parse_action(text)
+        return action.reason, action.question
+
+    def same_action(self, a: str, b: str) -> bool:
+        return proposer.same_action(self.kb, a, b)
+
+    # ---- rewards: -1 a turn, 0 for the right guess ----
+
+    @property
+    def reward_range(self) -> tuple[float, float]:
+        return -float(self.max_turns), 0.0
+
+    def won(self, reward: float) -> bool:
+        return reward > -self.max_turns  # a failed game returns exactly -max_turns
+
+    def relabel_turns(self, num_turns: int) -> list[int]:
+        # HOPE's [0.3T, 0.6T): too early and nothing is narrowed yet; too late and the proposer
+        # could just name the secret.
+        return fraction_window(num_turns, 0.3, 0.6)
+
+    # ---- scripted behaviour ----
+
+    def policies(self, noise: Mapping[str, float]) -> dict[str, Policy]:
+        return {
+            "expert": Scripted(ExpertPolicy(self.kb)),
+            "noisy": Scripted(NoisyPolicy(**noise, kb=self.kb)),
+            "random": Scripted(RandomPolicy(self.kb)),
+        }
+
+    def tokenizer_corpus(self) -> list[str]:
+        names = [n for e in self.kb.entities for n in (e.name, *e.aliases)]
+        return names + [system_prompt(self.max_turns, [x.name for x in self.kb.split(s)]) for s in self.splits]
+
+    def fact_sheets(self, per_task: int, seed: int) -> list[list[dict]]:
+        return fact_sheets(self.kb, per_task, seed)
+
+    # ---- oracle roles ----
+
+    def oracle_version(self, role: str) -> str:
+        return ORACLE_VERSIONS[role]
+
+    def _counterfactual(self, p: proposer.Proposal) -> Counterfactual:
+        return Counterfactual(render_action(p.action.reason, p.action.question), p.action.question, p.action.reason, p.rationale)
+
+    def summarize(self, task: Entity, turns, success: bool) -> str:
+        return summarizer.summarize_game(self.kb, task, history(turns), success)
+
+    def propose(self, task: Entity, prefix, n: int) -> list[Counterfactual]:
+        return [self._counterfactual(p) for p in self.oracle.propose(task, self.view(task, prefix), n)]
+
+    def critique(self, task: Entity, turns, top: int) -> list[tuple[int, Counterfactual]]:
+        places = self.oracle.critique(task, self.candidates(task.split), history(turns), self.max_turns, top)
+        return [(turn, self._counterfactual(p)) for turn, p, _ in places]
+
+    def label(self, task_id: str, turns) -> Label:
+        return labeler.label_trajectory(self.kb, task_id, [t["action"] for t in turns], self.max_turns)
+
+    # ---- LLM roles ----
+
+    def prompt_hash(self, role: str) -> str:
+        return template_hash(TEMPLATES[role])
+
+    def summary_request(self, task: Entity, turns, success: bool) -> Request[str]:
+        prompt = chat("summary.j2", history=dialogue(history(turns)), secret=task.name, category=task.category, success=success, candidates=self._names(task))
+        return Request(prompt, parse_summary)
+
+    def proposer_request(self, task: Entity, prefix, n: int, summary: str) -> Request[list[Counterfactual]]:
+        view = self.view(task, prefix)
+        names = [e.name for e in view.candidates] if self.options.show_candidates else None
+        prompt = chat("proposer.j2", n=n, summary=summary, history=dialogue(view.history), turn=view.turn, max_turns=self.max_turns, candidates=names)
+
+        def parse(text: str) -> list[Counterfactual]:
+            """parse_proposals, refusing a question that guesses the secret with hindsight: the
+            action enters the trajectory as the player's move."""
+            out = []
+            for i, p in enumerate(parse_proposals(text, n, task.name, task.category)):
+                if (why := proposer.unjustified_guess(self.kb, task, view, p.question)) is not None:
+                    raise ValueError(f"proposal {i}: the question {why}")
+                out.append(Counterfactual(render_action(p.player_reason, p.question), p.question, p.player_reason, p.teacher_reason))
+            return out
+
+        return Request(prompt, parse)
+
+    def controller_request(self, task: Entity, turns, top: int) -> Request[list[tuple[int, Counterfactual]]]:
+        played = history(turns)
+        prompt = chat("controller.j2", secret=task.name, dialogue=dialogue(played), top=top)
+
+        def parse(text: str) -> list[tuple[int, Counterfactual]]:
+            """parse_controller, refusing a replacement that guesses the secret with hindsight at
+            its place. HR's replacement is the utterance alone, so its reason is empty; the
+            critique uses hindsight and stays out of the action."""
+            out = []
+            for i, place in enumerate(parse_controller(text, [q for q, _ in played], top)):
+                if (why := proposer.unjustified_guess(self.kb, task, self.view(task, turns[: place.turn]), place.replacement)) is not None:
+                    raise ValueError(f"place {i + 1}: the replacement {why}")
+                out.append((place.turn, Counterfactual(render_action("", place.replacement), place.replacement, "", place.critique)))
+            return out
+
+        return Request(prompt, parse)
+
+    def forward_request(self, game: TwentyQuestionsGame) -> Request[list[tuple[str, Answer]]]:
+        task, start = game.task, game.turn + 1
+        prompt = chat("forward.j2", secret=task.name, category=task.category, max_turns=self.max_turns, dialogue=dialogue(list(game.state.history)), start=start)
+
+        def parse(text: str) -> list[tuple[str, Answer]]:
+            """Replays the continuation: the game must end exactly at its last line (a win, or the
+            last question answered), and the player must never guess the secret before the
+            answers so far justify that guess (the forward model knows the secret; its player
+            must not use it)."""
+            replay = Game(self.kb, task, max_turns=self.max_turns)
+            replay.restore(list(game.state.history))
+            out = []
+            for k, (q, a) in enumerate(parse_continuation(text, start, self.max_turns)):
+                if replay.done:
+                    raise ValueError(f"Q{start + k} comes after the game ended")
+                view = PlayerView(game.candidates, list(replay.history), replay.turn, self.max_turns)
+                if (why := proposer.unjustified_guess(self.kb, task, view, q)) is not None:
+                    raise ValueError(f"Q{start + k} {why}")
+                answer = llm_answer(self.kb, task, q, a)
+                replay.step(q, answer)
+                out.append((render_action("", q), answer))
+            if not replay.done:
+                raise ValueError(f"the continuation stops at Q{start + len(out) - 1} before the game ends")
+            return out
+
+        return Request(prompt, parse)
+
+    def labeler_request(self, turns, examples) -> Request[float]:
+        shots = [{"dialogue": dialogue(history(t)), "reward": r} for t, r in examples]
+        prompt = chat("labeler.j2", max_turns=self.max_turns, examples=shots, dialogue=dialogue(history(turns)))
+        low, high = self.reward_range
+        return Request(prompt, lambda text: parse_reward(text, low, high))
+
+    def judge_request(self, task_id: str, turns) -> Request[dict[str, float]]:
+        return Request(chat("judge.j2", max_turns=self.max_turns, secret=task_id, dialogue=dialogue(history(turns))), parse_rubric)
