@@ -1,4 +1,4 @@
-"""How good is a base policy, and where does it fail on held-out games?
+"""How good is a TwentyQuestions base policy, and where does it fail on held-out games?
 
     python bench/base_policy.py --out bench/out/base [--set bootstrap.demos_per_task=6 ...]
 
@@ -42,7 +42,7 @@ def followed_the_expert(episodes: list) -> Counter:
     counts: Counter = Counter()
     for e in episodes:
         # The expert never samples (ties go to the first question), so any rng gives its one path.
-        path = [a.question for a, _ in play(expert, Game(kb, e.task, max_turns=e.game.max_turns), e.candidates, random.Random(0))]
+        path = [a.question for a, _ in play(expert, Game(kb, e.task, max_turns=e.game.max_turns), e.game.candidates, random.Random(0))]
         asked = [m["content"].split("QUESTION:")[-1].strip() for m in e.messages if m["role"] == "assistant"]
         if asked[: len(path) - 1] != path[:-1] or len(asked) < len(path):
             counts[(e.split, "off the tree")] += 1

@@ -15,27 +15,28 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import base_policy  # noqa: E402
 
+from envs.twenty_questions.env import TwentyQuestions  # noqa: E402
 from envs.twenty_questions.kb import load_kb  # noqa: E402
-from envs.twenty_questions.policies import ExpertPolicy, RandomPolicy  # noqa: E402
 from tasks.rollout import ScriptedAgent, new_episode, play  # noqa: E402
 
 
-def _played(policy, names: list[str]) -> list:
-    kb = load_kb()
-    episodes = [new_episode(kb, kb.get(n), kb.get(n).split, i, 20, False) for i, n in enumerate(names)]
-    return play(episodes, ScriptedAgent(lambda rng: policy), 0)
+def _played(policy: str, names: list[str]) -> list:
+    env, kb = TwentyQuestions(TwentyQuestions.Options()), load_kb()
+    scripted = env.policies({"p_random": 0.5, "p_repeat": 0.0, "p_early_guess": 0.0})[policy]
+    episodes = [new_episode(env, kb.get(n), i) for i, n in enumerate(names)]
+    return play(episodes, ScriptedAgent(lambda rng: scripted), 0)
 
 
 def test_the_expert_follows_its_own_path_and_names_the_secret():
     kb = load_kb()
     names = [e.name for e in kb.split("val")[:3] + kb.split("test")[:2]]
-    counts = base_policy.followed_the_expert(_played(ExpertPolicy(kb), names))
+    counts = base_policy.followed_the_expert(_played("expert", names))
     assert counts == {("val", "named a val object"): 3, ("test", "named a test object"): 2}
 
 
 def test_a_policy_off_the_expert_path_is_counted_so():
     kb = load_kb()
-    counts = base_policy.followed_the_expert(_played(RandomPolicy(kb), [kb.split("val")[0].name]))
+    counts = base_policy.followed_the_expert(_played("random", [kb.split("val")[0].name]))
     assert counts == {("val", "off the tree"): 1}
 
 
