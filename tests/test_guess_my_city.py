@@ -48,3 +48,56 @@ def test_names_match_whole_after_normalisation(cities):
     assert cities.named("Porto Alegre, Brazil").id == "Porto Alegre, Brazil"
     assert cities.named("Porto Alegre, Chile") is None
     assert cities.named("Porto Alegr") is None
+
+
+def _game(cities, secret, max_turns=10):
+    from envs.guess_my_city.game import Game
+
+    return Game(cities, cities.get(secret), lambda city, q: "an answer", max_turns=max_turns)
+
+
+def test_a_right_guess_on_question_k_returns_minus_k_plus_one(cities):
+    game = _game(cities, "Porto Alegre, Brazil")
+    rewards = [game.step(q)[1] for q in ("What language do people speak?", "What is the climate like?")]
+    assert rewards == [-1.0, -1.0] and not game.done
+    assert game.step("Is the city Porto?") == ("yes", 0.0)
+    assert game.done and game.success and game.total == -2.0
+
+
+def test_a_wrong_guess_ends_the_game_at_minus_ten(cities):
+    game = _game(cities, "Porto Alegre, Brazil")
+    game.step("What is the food like?")
+    assert game.step("Is the city Portoviejo?") == ("no", -9.0)
+    assert game.done and not game.success and game.total == -10.0
+    with pytest.raises(RuntimeError, match="over"):
+        game.step("Is it Porto Alegre?")
+
+
+@pytest.mark.parametrize("question", ["Is it Porto Alegre?", "is the city called porto alegre", "Are you from Porto?", "Porto Alegre, Brazil", "Is the place Porto Alegre, Brazil?"])
+def test_guess_forms_win(cities, question):
+    game = _game(cities, "Porto Alegre, Brazil")
+    assert game.step(question) == ("yes", 0.0) and game.success
+
+
+@pytest.mark.parametrize("question", ["Is it coastal?", "Is it in South America?", "Is the city Porto Alegre's neighbour?", "Is it Paris?"])
+def test_questions_that_name_no_listed_city_are_not_guesses(cities, question):
+    game = _game(cities, "Porto Alegre, Brazil")
+    assert game.step(question) == ("an answer", -1.0) and not game.done
+
+
+def test_ten_questions_without_a_guess_lose_at_minus_ten(cities):
+    game = _game(cities, "Quito, Ecuador")
+    for _ in range(9):
+        game.step("What is it known for?")
+    assert not game.done
+    assert game.step("What is it known for?")[1] == -1.0
+    assert game.done and not game.success and not game.guessed and game.total == -10.0
+
+
+def test_restore_resumes_a_running_game_only(cities):
+    game = _game(cities, "Quito, Ecuador")
+    game.restore([("What is the climate like?", "mild")])
+    assert game.turn == 1 and game.total == -1.0
+    assert game.step("Is it Quito?") == ("yes", 0.0) and game.total == -1.0
+    with pytest.raises(ValueError, match="guess"):
+        _game(cities, "Quito, Ecuador").restore([("Is it Lima?", "no"), ("Is it Cuenca?", "no")])
