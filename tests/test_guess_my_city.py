@@ -101,3 +101,46 @@ def test_restore_resumes_a_running_game_only(cities):
     assert game.step("Is it Quito?") == ("yes", 0.0) and game.total == -1.0
     with pytest.raises(ValueError, match="guess"):
         _game(cities, "Quito, Ecuador").restore([("Is it Lima?", "no"), ("Is it Cuenca?", "no")])
+
+
+@pytest.fixture(scope="module")
+def oracle(cities):
+    from envs.guess_my_city.oracle import load_oracle
+
+    return load_oracle(cities)
+
+
+def test_some_question_tells_any_two_cities_apart_without_the_landmark(cities, oracle):
+    from itertools import combinations
+
+    sheets = {c.id: oracle.answers(c) for c in cities.cities}
+    for a, b in combinations(cities.cities, 2):
+        assert any(sheets[a.id][t] != sheets[b.id][t] for t in sheets[a.id]), f"{a.id} and {b.id} answer alike"
+    # Structured facts alone separate almost every pair; the landmark and food decide the rest.
+    structured = [t for t in next(iter(sheets.values())) if t not in ("landmark", "food")]
+    alike = [(a.id, b.id) for a, b in combinations(cities.cities, 2) if all(sheets[a.id][t] == sheets[b.id][t] for t in structured)]
+    assert len(alike) < 30, alike
+
+
+def test_answers_name_neither_the_city_nor_its_country(cities, oracle):
+    import re
+
+    for c in cities.cities:
+        for t, text in oracle.answers(c).items():
+            said = f" {normalize(text)} "
+            for name in (*c.names, c.country):
+                assert not re.search(rf"\b{re.escape(normalize(name))}\b", said), f"{c.id} {t}: {text!r} names {name!r}"
+
+
+def test_the_oracle_answers_its_topics_and_nothing_else(cities, oracle):
+    from envs.guess_my_city.oracle import REFUSAL, UNKNOWN
+
+    quito = cities.get("Quito, Ecuador")
+    assert oracle.answer(quito, "What language do people speak there?") == "People there mainly speak Spanish."
+    assert oracle.answer(quito, "Which currency do they use?") == "People pay with the US dollar."
+    assert oracle.answer(quito, "Is it the national capital?") == "It is the national capital."
+    assert oracle.answer(quito, "What continent is it on?") == "It is in South America, in the Andes of South America."
+    assert oracle.answer(quito, "What is the name of the city?") == REFUSAL
+    assert oracle.answer(quito, "Which country is it in?") == REFUSAL
+    assert oracle.answer(quito, "Who is the mayor?") == UNKNOWN
+    assert oracle.answer(quito, "asdf") == UNKNOWN
