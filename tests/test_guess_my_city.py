@@ -144,3 +144,38 @@ def test_the_oracle_answers_its_topics_and_nothing_else(cities, oracle):
     assert oracle.answer(quito, "Which country is it in?") == REFUSAL
     assert oracle.answer(quito, "Who is the mayor?") == UNKNOWN
     assert oracle.answer(quito, "asdf") == UNKNOWN
+
+
+def test_the_environment_is_registered_and_plays_a_game():
+    from envs import registry
+
+    env = registry.make("guess_my_city", {})
+    assert {s: len(env.tasks(s)) for s in SPLITS} == EXPECTED_COUNTS
+    assert env.reward_range == (-10.0, 0.0) and env.won(-9.0) and not env.won(-10.0)
+    assert env.relabel_turns(10) == [3, 4, 5, 6, 7]
+    game = env.game(env.task("Porto Alegre, Brazil"))
+    messages, _ = game.reset()
+    assert "Portoviejo, Ecuador" in messages[0]["content"]
+    step = game.step(env.render_action("start broad", "What language do people speak?"))
+    assert step.reward == -1.0 and not step.terminated and not step.truncated
+    assert step.info["turn"]["observation"] == "People there mainly speak Portuguese." and step.info["parsed"]
+    step = game.step("no format at all")  # asked as it is: unknown, still a turn
+    assert step.info["turn"]["observation"] == "unknown" and not step.info["parsed"] and step.reward == -1.0
+    step = game.step(env.render_action("it is by a lake", "Is the city Portoviejo?"))
+    assert (step.reward, step.terminated, step.truncated, game.success) == (-8.0, True, False, False)
+    turns = [{"action": a} for a in ("What language do people speak?", "no format at all", "Is the city Portoviejo?")]
+    assert env.label("Porto Alegre, Brazil", turns).reward == -10.0
+    assert env.label("Porto Alegre, Brazil", turns[:1]).reward is None
+    assert env.label("Lima, Peru", turns).reward is None
+
+
+def test_running_out_of_questions_truncates():
+    from envs import registry
+
+    env = registry.make("guess_my_city", {"max_turns": 2})
+    game = env.game(env.task("Quito, Ecuador"))
+    game.reset()
+    assert not game.step(env.render_action("", "What is the climate like?")).truncated
+    step = game.step(env.render_action("", "What is the food like?"))
+    assert step.truncated and not step.terminated and step.reward == -1.0
+    assert "Game over." in step.observation[0]["content"]
