@@ -6,7 +6,7 @@ import re
 
 from envs.twenty_questions.facts import FACTS_SYSTEM, fact_sheets, identifying_facts
 from envs.twenty_questions.format import system_prompt
-from envs.twenty_questions.kb import load_kb
+from envs.twenty_questions.kb import Entity, KnowledgeBase, Question, load_kb
 
 
 def test_facts_are_true_and_tell_the_object_apart():
@@ -17,6 +17,27 @@ def test_facts_are_true_and_tell_the_object_apart():
         assert all(kb.truth(entity, q) == truth for q, truth in facts)
         fits = [e for e in kb.entities if all(kb.truth(e, q) == truth for q, truth in facts)]
         assert fits == [entity], f"{entity.name}: {[e.name for e in fits]} fit {len(facts)} facts"
+
+
+def _toy_kb() -> KnowledgeBase:
+    """Eight objects: "big" splits them 4/4, "red" 2/6, "odd" 1/7."""
+    q = [Question(f"Is it {k}?", "attribute", k, k, f"not {k}") for k in ("odd", "red", "big")]
+    attrs = [{"big", "red", "odd"}, {"big", "red"}, {"big"}, {"big"}, set(), set(), set(), set()]
+    return KnowledgeBase([Entity(f"O{i}", (), "thing", "train", frozenset(a)) for i, a in enumerate(attrs)], q)
+
+
+def test_a_description_goes_from_the_most_telling_statement_to_the_least():
+    kb = _toy_kb()
+    o0 = kb.get("O0")
+    # breadth 1: always the statement that splits the remaining objects most evenly
+    assert [(q.key, t) for q, t in identifying_facts(kb, o0, random.Random(0), breadth=1)] == [("big", True), ("red", True), ("odd", True)]
+    # breadth 2: the first statement is "big" or "red", never the least telling "odd"
+    firsts = {identifying_facts(kb, o0, random.Random(s), breadth=2)[0][0].key for s in range(40)}
+    assert firsts == {"big", "red"}
+    # a statement that no longer splits the remaining objects is never made: O2 is told apart
+    # from O3 by nothing, so its description stops once only the two are left
+    facts = identifying_facts(kb, kb.get("O2"), random.Random(0), breadth=1)
+    assert [(q.key, t) for q, t in facts] == [("big", True), ("red", False)]
 
 
 def test_sheets_cover_every_split_and_are_reproducible():

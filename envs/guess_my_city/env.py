@@ -10,7 +10,7 @@ from pydantic import Field
 
 from envs.base import Environment, Label, Options, Step, fraction_window, recorded_reply
 from envs.base import Game as BaseGame
-from envs.twenty_questions.format import ActionParseError, parse_action, render_action
+from envs.reason_question import ActionParseError, parse_action, render_action
 
 from .cities import SPLITS, City, load_cities
 from .game import MAX_TURNS, Answer, Game

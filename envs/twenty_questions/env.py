@@ -50,6 +50,7 @@ ORACLE_VERSIONS = {"summarizer": summarizer.VERSION, "proposer": proposer.VERSIO
 class TwentyQuestionsOptions(Options):
     max_turns: int = Field(MAX_TURNS, ge=1, le=100)  # HOPE: 20, the last one a forced guess
     show_candidates: bool = False  # list the split's objects in the prompts (HOPE does; costs tokens)
+    fact_breadth: int = Field(3, ge=1)  # fact sheets: each statement drawn from this many of the most telling
 
 
 def history(turns: Sequence[Mapping]) -> list[tuple[str, str]]:
@@ -215,7 +216,7 @@ class TwentyQuestions(Environment):
         return names + [system_prompt(self.max_turns, [x.name for x in self.kb.split(s)]) for s in self.splits]
 
     def fact_sheets(self, per_task: int, seed: int) -> list[list[dict]]:
-        return fact_sheets(self.kb, per_task, seed)
+        return fact_sheets(self.kb, per_task, seed, self.options.fact_breadth)
 
     # ---- oracle roles ----
 

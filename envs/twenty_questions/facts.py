@@ -20,40 +20,55 @@ from .kb import Entity, KnowledgeBase, Question
 FACTS_SYSTEM = "Facts about objects. Name the object they describe."
 
 
-def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> list[tuple[Question, bool]]:
-    """(question, answer) pairs in a random order, stopping once no other object fits them all."""
-    others = [e for e in kb.entities if e != entity]
-    order = list(kb.questions)
-    rng.shuffle(order)
-    facts = []
-    for q in order:
+def telling(kb: KnowledgeBase, left: list[Entity], used: set[str]) -> list[tuple[int, Question]]:
+    """Unused questions that split `left`, scored by the smaller side of the split (higher tells
+    more; the entropy of a yes/no split is a function of that side alone)."""
+    scored = []
+    for q in kb.questions:
+        if q.key not in used:
+            yes = sum(kb.truth(e, q) for e in left)
+            if 0 < yes < len(left):
+                scored.append((min(yes, len(left) - yes), q))
+    return scored
+
+
+def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random, breadth: int = 3) -> list[tuple[Question, bool]]:
+    """A description of `entity`, general to specific, as a person narrowing it down would give
+    it: each statement drawn uniformly from the `breadth` statements that tell the remaining
+    objects apart best, until no other object fits them all. Every object of every split is
+    described over all objects, whatever the game's candidates."""
+    left = list(kb.entities)
+    facts: list[tuple[Question, bool]] = []
+    while len(left) > 1:
+        scored = telling(kb, left, {q.key for q, _ in facts})
+        if not scored:
+            break  # objects with identical answers to every question: the description stops short
+        rng.shuffle(scored)  # ties among equally telling statements fall randomly
+        scored.sort(key=lambda sq: -sq[0])
+        q = rng.choice(scored[:breadth])[1]
         truth = kb.truth(entity, q)
-        left = [e for e in others if kb.truth(e, q) == truth]
-        if len(left) < len(others) or rng.random() < 0.25:  # a few facts that tell nothing new, as prose has
-            facts.append((q, truth))
-        others = left
-        if not others:
-            break
+        facts.append((q, truth))
+        left = [e for e in left if kb.truth(e, q) == truth]
     return facts
 
 
-def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random) -> list[dict]:
+def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random, breadth: int = 3) -> list[dict]:
     """One riddle as two chat messages: the statements as short labels, then the object they lead
     to, in the words a player's reason ends with before its guess (policies.only_fits). The
     statements are given, not written by the model: only the name is learnt, so the random order
     and choice of statements add no noise to the loss."""
-    facts = identifying_facts(kb, entity, rng)
+    facts = identifying_facts(kb, entity, rng, breadth)
     labels = ", ".join(q.label if truth else q.no_label for q, truth in facts)
     return [{"role": "user", "content": f"{labels}:"}, {"role": "assistant", "content": f"only {entity.name} fits."}]
 
 
-def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int, per_sheet: int = 8) -> list[list[dict]]:
+def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int, breadth: int = 3, per_sheet: int = 8) -> list[list[dict]]:
     """`per_object` riddles about every object of every split, in a random order, `per_sheet`
     to a sheet; reproducible from `seed`."""
     rng = random.Random(seed)
     objects = [e for e in kb.entities for _ in range(per_object)]
     rng.shuffle(objects)
-    riddles = [riddle(kb, e, rng) for e in objects]
+    riddles = [riddle(kb, e, rng, breadth) for e in objects]
     return [
         [{"role": "system", "content": FACTS_SYSTEM}, *(m for r in riddles[i : i + per_sheet] for m in r)]
         for i in range(0, len(riddles), per_sheet)

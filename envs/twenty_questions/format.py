@@ -1,11 +1,12 @@
-"""The policy's chat format: system prompt, per-turn user messages, and HOPE's REASON/QUESTION
-action format (App. G.2) with its parser. The texts are Jinja2 templates in `prompts/`."""
+"""The policy's chat format: system prompt and per-turn user messages (Jinja2 templates in
+`prompts/`); the action format is HOPE's REASON/QUESTION (envs/reason_question.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
+
+from envs.reason_question import Action, ActionParseError, parse_action, render_action  # noqa: F401  the action format
 
 from .game import MAX_TURNS
 
@@ -16,39 +17,6 @@ _TEMPLATES = jinja2.Environment(
     lstrip_blocks=True,
     autoescape=False,
 )
-
-
-@dataclass(frozen=True)
-class Action:
-    reason: str
-    question: str
-
-
-class ActionParseError(ValueError):
-    """A policy output that does not follow the REASON/QUESTION format."""
-
-
-def render_action(reason: str, question: str) -> str:
-    return f"REASON: {reason}\nQUESTION: {question}"
-
-
-def parse_action(text: str) -> Action:
-    """Parse "REASON: ...\\nQUESTION: ...". The reason may span lines (whitespace is collapsed);
-    the question is the first non-empty line after QUESTION:, so trailing chatter is dropped."""
-    start = text.find("REASON:")
-    if start < 0:
-        raise ActionParseError("missing 'REASON:'")
-    if text[:start].strip():
-        raise ActionParseError(f"unexpected text before 'REASON:': {text[:start].strip()[:40]!r}")
-    body = text[start + len("REASON:"):]
-    split = body.find("QUESTION:")
-    if split < 0:
-        raise ActionParseError("missing 'QUESTION:' after the reason")
-    lines = [line.strip() for line in body[split + len("QUESTION:"):].splitlines()]
-    question = next((line for line in lines if line), "")
-    if not question:
-        raise ActionParseError("empty question after 'QUESTION:'")
-    return Action(reason=" ".join(body[:split].split()), question=question)
 
 
 def system_prompt(max_turns: int = MAX_TURNS, candidates: list[str] | None = None) -> str:

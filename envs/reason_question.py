@@ -1,0 +1,38 @@
+"""HOPE's REASON/QUESTION action format (App. G.2), shared by the question-asking games
+(TwentyQuestions, GuessMyCity): a reason, then the one question or guess the turn plays."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Action:
+    reason: str
+    question: str
+
+
+class ActionParseError(ValueError):
+    """A policy output that does not follow the REASON/QUESTION format."""
+
+
+def render_action(reason: str, question: str) -> str:
+    return f"REASON: {reason}\nQUESTION: {question}"
+
+
+def parse_action(text: str) -> Action:
+    """Parse "REASON: ...\\nQUESTION: ...". The reason may span lines (whitespace is collapsed);
+    the question is the first non-empty line after QUESTION:, so trailing chatter is dropped."""
+    start = text.find("REASON:")
+    if start < 0:
+        raise ActionParseError("missing 'REASON:'")
+    if text[:start].strip():
+        raise ActionParseError(f"unexpected text before 'REASON:': {text[:start].strip()[:40]!r}")
+    body = text[start + len("REASON:"):]
+    split = body.find("QUESTION:")
+    if split < 0:
+        raise ActionParseError("missing 'QUESTION:' after the reason")
+    lines = [line.strip() for line in body[split + len("QUESTION:"):].splitlines()]
+    question = next((line for line in lines if line), "")
+    if not question:
+        raise ActionParseError("empty question after 'QUESTION:'")
+    return Action(reason=" ".join(body[:split].split()), question=question)
