@@ -8,7 +8,8 @@ train (HOPE's bar for pi_0: half of train games) and at T = 0.7 on val and test.
 games played greedy, it counts those where the policy asked exactly the scripted expert's
 questions up to the expert's guess, and which split the object it then named comes from: a policy
 that learnt the decision tree but cannot name an object it never played names a train object or
-none. Prints one table; writes OUT/base_policy.json.
+none. Then naming alone: after the expert's whole game, the model completes its guess's reason.
+Prints one table; writes OUT/base_policy.json.
 """
 from __future__ import annotations
 
@@ -52,6 +53,44 @@ def followed_the_expert(episodes: list) -> Counter:
     return counts
 
 
+def named_after_the_expert(model_dir: Path, params, splits: list[str]) -> dict[str, dict[str, int]]:
+    """Naming alone, with the tree taken out: the expert's whole game is given up to its guess's
+    reason ("not hand-sized, outdoor, ...: only"), and the model writes the next words greedily.
+    Counts per split: `right` (the secret), `other` (another object), `none`; games the expert
+    ends without a unique object are skipped."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    env = params.env.environment()
+    expert = env.policies(params.bootstrap.noisy.model_dump())["expert"]
+    counts: dict[str, dict[str, int]] = {}
+    for split in splits:
+        c = counts.setdefault(split, {"right": 0, "other": 0, "none": 0})
+        for task in env.tasks(split):
+            game = env.game(task)
+            messages, _ = game.reset()
+            rng = random.Random(0)
+            while True:
+                text = expert.act(game, rng)
+                step = game.step(text)
+                if step.terminated or step.truncated:
+                    break
+                messages += [step.info["message"], *step.observation]
+            if ": only " not in text:
+                continue
+            full = tok.apply_chat_template([*messages, {"role": "assistant", "content": text}], tokenize=False)
+            prefix = full[: full.rindex(": only ") + len(": only")]
+            ids = torch.tensor([tok(prefix, add_special_tokens=False)["input_ids"]])
+            with torch.no_grad():
+                out = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+            said = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip()
+            named = said.split(" fits")[0].strip()
+            c["right" if named == task.name else "other" if named else "none"] += 1
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
@@ -86,6 +125,7 @@ def main() -> None:
         if name == "greedy":
             held_out = [e for e in episodes if e.split != "train"]
             result["held_out_greedy"] = {f"{split}: {outcome}": n for (split, outcome), n in sorted(followed_the_expert(held_out).items())}
+    result["named_after_the_expert"] = named_after_the_expert(args.out / "model", params, ["train", "val", "test"])
     result["seconds"] = round(time.time() - t0)
     (args.out / "base_policy.json").write_text(json.dumps(result, indent=1) + "\n")
 
@@ -96,6 +136,9 @@ def main() -> None:
     print("  held-out games played greedy, against the expert's path:")
     for outcome, n in result["held_out_greedy"].items():
         print(f"    {outcome}: {n}")
+    print("  naming alone, after the expert's game up to its guess (right / other object / none):")
+    for split, c in result["named_after_the_expert"].items():
+        print(f"    {split}: {c['right']} / {c['other']} / {c['none']}")
 
 
 if __name__ == "__main__":

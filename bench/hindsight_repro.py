@@ -11,7 +11,8 @@ evaluated split as mean ± standard error over seeds; and for each hindsight arm
 from its logged-only arm (same algorithm, `data: logged`; Swift, which has none, against Refit's)
 with a paired 95% interval over the same evaluation episodes of every seed. --results writes that
 table as JSON, the points of the plot of success by arm and seed, and the plot itself as SVG.
-A seed whose evaluation is already on disk is read back rather than rerun (--fresh reruns it).
+A seed whose evaluation is already on disk is read back rather than rerun (--fresh reruns it), and
+a stopped seed resumes after its last finished stage.
 --upstream DIR reuses DIR/seedN's bootstrap, collect and summarize outputs, so a hindsight or training setting can be
 varied without paying for the base policy and the logged data again; --reuse names other stages
 to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the same trained
@@ -82,8 +83,13 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         if upstream is not None and stage in reuse:
             shutil.copytree(upstream / stage, d / stage, dirs_exist_ok=True)
             continue
+        done = d / stage / ".finished"  # a stopped run resumes after its last finished stage
+        if done.exists():
+            print(f"[seed {params.seed}] {stage} finished earlier, kept", flush=True)
+            continue
         t0 = time.time()
         steps[stage]()
+        done.write_text(f"{time.time() - t0:.0f} s\n")
         print(f"[seed {params.seed}] {stage} done in {time.time() - t0:.0f}s", flush=True)
     return json.loads((d / "evaluate/metrics.json").read_text())
 
@@ -222,8 +228,12 @@ def main() -> None:
         if args.fresh and d.exists():
             shutil.rmtree(d)
         up = args.upstream / f"seed{seed}" if args.upstream else None
+        written, wanted = d / "params.yaml", yaml.safe_dump(raw, sort_keys=False)
+        if written.exists() and written.read_text() != wanted:
+            sys.exit(f"{d} holds a run with other params ({written}); pass --fresh to rerun it, or another --out")
+        d.mkdir(parents=True, exist_ok=True)
+        written.write_text(wanted)
         results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base)
-        (d / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
     methods = {name: m.model_dump() for name, m in params.train.methods.items()}
     table = compare(results, dirs, methods)

@@ -4,6 +4,7 @@ per-seed evaluations on disk."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,12 @@ def test_repro_bench_small(tmp_path):
     assert "refit - refit_logged" in proc.stdout and "Hindsight arm minus its logged-only arm" in proc.stdout
     points = json.loads((results / "success.json").read_text())
     assert len(points) == 6 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")
+    # A stopped seed resumes after its last finished stage, and only with the params it ran with.
+    shutil.rmtree(out / "seed1/evaluate")
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    assert "[seed 1] train finished earlier, kept" in proc.stdout and "[seed 1] evaluate done in" in proc.stdout
+    assert "[seed 0]" not in proc.stdout  # its evaluation is on disk
+    assert json.loads((results / "table.json").read_text())["policies"] == table["policies"]  # deterministic rerun
+    proc = subprocess.run([*cmd, "--set", "train.epochs=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "holds a run with other params" in proc.stderr
