@@ -179,3 +179,262 @@ def test_running_out_of_questions_truncates():
     step = game.step(env.render_action("", "What is the food like?"))
     assert step.truncated and not step.terminated and step.reward == -1.0
     assert "Game over." in step.observation[0]["content"]
+
+
+# ---- scripted policies ----
+
+NOISE = {"p_random": 0.15, "p_repeat": 0.10, "p_early_guess": 0.10}
+
+
+@pytest.fixture(scope="module")
+def env():
+    from envs import registry
+
+    return registry.make("guess_my_city", {})
+
+
+def _play(env, policy, task, seed: int) -> list[dict]:
+    """One game of a scripted policy; its turn records as a trajectory stores them."""
+    import random
+
+    game, rng, turns = env.game(task), random.Random(seed), []
+    game.reset()
+    while not game.done:
+        step = game.step(policy.act(game, rng))
+        turns.append({**step.info["turn"], "reward": step.reward})
+    return turns
+
+
+def _turns(env, task, topics: list[str]) -> list[dict]:
+    """Turn records of the oracle's questions on `topics` about `task`, answered as the oracle does."""
+    from envs.guess_my_city.oracle import QUESTIONS
+
+    text = {q.topic: q.text for q in QUESTIONS}
+    return [{"action": text[t], "observation": env.oracle.says(task, t)} for t in topics]
+
+
+@pytest.mark.parametrize("split", SPLITS)
+def test_the_expert_wins_every_game_on_every_split(env, split):
+    expert = env.policies(NOISE)["expert"]
+    for task in env.tasks(split):
+        turns = _play(env, expert, task, 0)
+        assert env.label(task.id, turns).success, f"{task.id}: {[t['action'] for t in turns]}"
+        assert len(turns) <= 6  # general to specific, it needs at most five questions
+
+
+def test_the_expert_goes_general_to_specific_and_its_guess_says_what_the_answers_established(env):
+    turns = _play(env, env.policies(NOISE)["expert"], env.task("Busan, South Korea"), 0)
+    assert [t["action"] for t in turns] == [
+        "What part of the world is it in?", "What language do people speak there?", "How many people live there?",
+        "Does it lie on the sea, a river or a lake?", "Is the city Busan?",
+    ]
+    assert turns[0]["reason"] == "Ask about the part of the world."
+    assert turns[-1]["reason"] == "in East Asia, speaks Korean, 3-10M people, coastal: only Busan fits."
+
+
+def test_the_expert_beats_noisy_which_beats_random(env):
+    policies = env.policies(NOISE)
+    tasks = env.tasks("train")[:40]
+    wins = {name: sum(env.label(t.id, _play(env, p, t, k)).success for t in tasks for k in range(2)) for name, p in policies.items()}
+    assert wins["expert"] == 80 > wins["noisy"] > wins["random"]
+
+
+def test_policies_are_deterministic_given_the_seed_and_write_the_action_format(env):
+    from envs.reason_question import parse_action
+
+    task = env.task("Quito, Ecuador")
+    for name, policy in env.policies(NOISE).items():
+        turns = _play(env, policy, task, 7)
+        assert turns == _play(env, policy, task, 7), name
+        assert all(t["reason"] for t in turns)
+    game = env.game(task)
+    text = env.policies(NOISE)["noisy"].act(game, __import__("random").Random(0))
+    assert parse_action(text).question
+
+
+def test_the_noisy_policy_validates_its_probabilities(env):
+    with pytest.raises(ValueError, match="sum to at most 1"):
+        env.policies({"p_random": 0.6, "p_repeat": 0.5, "p_early_guess": 0.0})
+
+
+def test_answers_outside_the_knowledge_base_settle_nothing(env):
+    from envs.guess_my_city.policies import PlayerView, consistent, known
+
+    quito = env.task("Quito, Ecuador")
+    history = [("What part of the world is it in?", env.oracle.says(quito, "continent")), ("What is the name of the city?", "I can't say."),
+               ("What is the weather like?", "Lovely, mostly."), ("Who is the mayor?", "unknown")]
+    left = consistent(env.oracle, PlayerView(env.candidates, history, 4, 10))
+    assert {c.country for c in left} == {"Ecuador"} and len(left) > 1
+    assert known(env.oracle, history) == "in the Andes of South America"
+
+
+# ---- oracle proposer and controller ----
+
+
+def _prefixes(env):
+    """Every prefix of noisy and random games on a few cities of each split."""
+    for split in SPLITS:
+        for task in env.tasks(split)[:8]:
+            for name in ("noisy", "random"):
+                turns = _play(env, env.policies({"p_random": 0.3, "p_repeat": 0.2, "p_early_guess": 0.2})[name], task, 1)
+                for j in range(len(turns)):
+                    yield task, turns[:j]
+
+
+def test_the_proposer_guesses_only_the_one_city_left_before_the_last_turn(env):
+    from envs.guess_my_city.game import guessed_city
+    from envs.guess_my_city.policies import consistent
+
+    guesses = 0
+    for task, prefix in _prefixes(env):
+        view = env.view(prefix)
+        left = consistent(env.oracle, view)
+        for c in env.propose(task, prefix, 3):
+            city = guessed_city(env.cities, c.action)
+            if city is not None:
+                guesses += 1
+                assert view.is_final_turn or left == [city], f"{task.id} after {[t['action'] for t in prefix]}: guessed {city.name}"
+                assert c.reason.endswith(f"only {city.name} fits.") or view.is_final_turn
+            else:
+                assert c.action not in [t["action"] for t in prefix]
+    assert guesses > 0
+
+
+def test_a_last_turn_guess_is_the_rules_pick_whatever_the_secret(env):
+    topics = ["continent", "language"]  # ten Korean cities fit
+    busan, seoul = env.task("Busan, South Korea"), env.task("Seoul, South Korea")
+    short = GuessMyCityEnv(max_turns=3)
+    for task in (busan, seoul):
+        [c] = short.propose(task, _turns(short, busan, topics), 2)
+        assert c.action == "Is the city Seoul?" and c.reason == "Last turn, guess Seoul."
+    assert "right" in short.propose(seoul, _turns(short, busan, topics), 1)[0].rationale
+    assert "wrong" in short.propose(busan, _turns(short, busan, topics), 1)[0].rationale
+
+
+def GuessMyCityEnv(**options):
+    from envs import registry
+
+    return registry.make("guess_my_city", options)
+
+
+def test_hindsight_chooses_which_question_among_those_the_player_could_justify(env):
+    from envs.guess_my_city.policies import best_questions, consistent
+
+    topics = ["continent", "language"]
+    firsts = {}
+    for name in ("Busan, South Korea", "Daegu, South Korea", "Seoul, South Korea"):
+        task = env.task(name)
+        prefix = _turns(env, task, topics)
+        view = env.view(prefix)
+        allowed = {q.text for q in best_questions(env.oracle, consistent(env.oracle, view), view.history)}
+        proposals = env.propose(task, prefix, 3)
+        assert len(proposals) == 3 and {c.action for c in proposals} <= allowed
+        assert all(name.split(",")[0] not in c.reason for c in proposals) and name.split(",")[0] in proposals[0].rationale
+        firsts[name] = proposals[0].action
+    assert firsts["Daegu, South Korea"] == "What is the climate like?"  # leaves Daegu alone
+    assert firsts["Busan, South Korea"] == "How many people live there?"  # leaves Busan and Incheon
+
+
+def test_one_city_left_is_guessed_with_what_established_it(env):
+    busan = env.task("Busan, South Korea")
+    [c] = env.propose(busan, _turns(env, busan, ["continent", "language", "size", "water"]), 2)
+    assert c.action == "Is the city Busan?"
+    assert c.reason == "in East Asia, speaks Korean, 3-10M people, coastal: only Busan fits."
+
+
+def test_a_guess_of_the_secret_is_refused_where_the_answers_do_not_single_it_out(env):
+    from envs.guess_my_city.proposer import unjustified_guess
+
+    busan = env.task("Busan, South Korea")
+    view = env.view(_turns(env, busan, ["continent", "language"]))
+    assert "while 10 cities still fit" in unjustified_guess(env.oracle, busan, view, "Is the city Busan?")
+    assert unjustified_guess(env.oracle, busan, view, "Is the city Seoul?") is None  # a wrong guess uses no hindsight
+    assert unjustified_guess(env.oracle, busan, view, "How many people live there?") is None
+    done = env.view(_turns(env, busan, ["continent", "language", "size", "water"]))
+    assert unjustified_guess(env.oracle, busan, done, "Is it Pusan?") is None
+
+
+def test_the_controller_names_the_turns_that_lost_most(env):
+    busan = env.task("Busan, South Korea")
+    # The time zone tells Korea from China as well as the language would; the language after it
+    # tells nothing new, where the city's size would have.
+    turns = _turns(env, busan, ["hemisphere", "continent", "time_zone", "language"])
+    places = env.critique(busan, turns, 3)
+    assert [turn for turn, _ in places] == [0, 3]
+    assert places[1][1].action == "How many people live there?"
+    assert places[0][1].action == "What part of the world is it in?" and "Busan" in places[0][1].rationale
+    assert all("Busan" not in c.reason for _, c in places)
+
+
+def test_same_action_reads_topics_and_guesses(env):
+    assert env.same_action("What is the weather like?", "What is the climate like?")
+    assert env.same_action("Is it Pusan?", "Is the city Busan?")
+    assert not env.same_action("Is the city Busan?", "Is the city Seoul?")
+    assert not env.same_action("What is the weather like?", "Who is the mayor?")
+    assert not env.same_action("Who is the mayor?", "Who runs the football club?")
+
+
+# ---- oracle summarizer ----
+
+
+def test_the_summary_names_the_city_what_was_established_and_what_went_wrong(env):
+    busan = env.task("Busan, South Korea")
+    turns = _turns(env, busan, ["hemisphere", "hemisphere"]) + [
+        {"action": "Who is the mayor?", "observation": "unknown"},
+        {"action": "Which city is it?", "observation": "I can't tell you."},
+        {"action": "Is the city Seoul?", "observation": "no"},
+    ]
+    summary = env.summarize(busan, turns, False)
+    assert summary.startswith("The secret city was Busan, in South Korea (Asia). The answers established: northern hemisphere.")
+    for part in ("never asked what part of the world the city is in (East Asia)", "repeated 1 question", "asked 1 question the answerer could not answer",
+                 "asked for the name of the city or its country 1 time", "guessed Seoul while 128 cities still fit the answers, wrongly",
+                 "failed to find the city in 5 questions"):
+        assert part in summary, part
+
+
+def test_the_summary_of_a_win_and_of_a_game_that_never_guessed(env):
+    busan = env.task("Busan, South Korea")
+    won = _turns(env, busan, ["continent", "language", "size", "water"]) + [{"action": "Is the city Busan?", "observation": "yes"}]
+    summary = env.summarize(busan, won, True)
+    assert "At question 5 it guessed Busan once only that city fit the answers, rightly." in summary
+    assert summary.endswith("It found the city in 5 questions.") and "The player" not in summary
+    never = _turns(env, busan, ["continent", "language", "size", "water", "climate"])
+    assert "Only one city fit the answers after question 4, but it never guessed." in env.summarize(busan, never, False)
+
+
+# ---- fact sheets ----
+
+
+def test_fact_sheets_are_true_identify_their_city_and_go_general_to_specific(env):
+    import random
+
+    from envs.guess_my_city.facts import identifying_facts
+
+    rng = random.Random(0)
+    for city in env.candidates:
+        facts = identifying_facts(env.oracle, city, rng)
+        fits = [c for c in env.candidates if all(env.oracle.says(c, q.topic) == env.oracle.says(city, q.topic) for q in facts)]
+        assert fits == [city], f"{city.id}: {[c.id for c in fits]}"
+        assert [q.level for q in facts] == sorted(q.level for q in facts)
+
+
+def test_fact_sheets_cover_every_split_in_the_words_of_a_guess(env):
+    import re
+
+    from envs.guess_my_city.facts import FACTS_SYSTEM
+
+    sheets = env.fact_sheets(2, 7)
+    assert sheets == env.fact_sheets(2, 7) != env.fact_sheets(2, 8)
+    by_name = {c.name: c for c in env.candidates}
+    labels = {label: t for (t, _), label in env.oracle.labels.items()}
+    named = []
+    for sheet in sheets:
+        assert sheet[0] == {"role": "system", "content": FACTS_SYSTEM}
+        for user, assistant in zip(sheet[1::2], sheet[2::2], strict=True):
+            city = by_name[re.fullmatch(r"only (.+) fits\.", assistant["content"]).group(1)]
+            named.append(city)
+            for label in user["content"].removesuffix(":").split(", "):
+                assert env.oracle.labels[(labels[label], env.oracle.says(city, labels[label]))] == label, (city.id, label)
+    assert sorted(c.id for c in named) == sorted(c.id for c in env.candidates for _ in range(2))
+    assert {c.split for c in named} == set(SPLITS)
+    assert all(len(s) <= 17 for s in sheets)  # 8 riddles and the system message
