@@ -438,3 +438,185 @@ def test_fact_sheets_cover_every_split_in_the_words_of_a_guess(env):
     assert sorted(c.id for c in named) == sorted(c.id for c in env.candidates for _ in range(2))
     assert {c.split for c in named} == set(SPLITS)
     assert all(len(s) <= 17 for s in sheets)  # 8 riddles and the system message
+
+
+# ---- the LLM roles: prompts and parsers on hand-written replies ----
+
+
+def test_every_role_has_a_prompt_hash_and_every_oracle_role_a_version(env):
+    from envs.guess_my_city.env import TEMPLATES
+
+    assert len({env.prompt_hash(role) for role in TEMPLATES}) == len(TEMPLATES)
+    assert {env.oracle_version(role) for role in ("summarizer", "proposer", "controller", "labeler")}
+
+
+def test_the_llm_simulator_answers_questions_and_leaves_guesses_to_the_rules(env):
+    from envs.base import EMPTY_REPLY
+
+    game = env.game(env.task("Busan, South Korea"))
+    game.reset()
+    assert game.simulator_request(env.render_action("", "Is the city Busan?")) is None
+    assert game.simulator_request("Is it Pusan?") is None
+    assert game.simulator_request(EMPTY_REPLY) is None
+    request = game.simulator_request(env.render_action("start broad", "Is it by the sea?"))
+    system, user = (m["content"] for m in request.messages)
+    assert "Busan, in South Korea" in system and user == "Is it by the sea?"
+    answer = request.parse("REASON: Busan is a port on the south-east coast of Korea.\nANSWER: Yes, it is a big port city.\nANSWER: more")
+    assert (answer.text, answer.is_guess, answer.correct) == ("Yes, it is a big port city.", False, False)
+    step = game.step(env.render_action("start broad", "Is it by the sea?"), answer)
+    assert step.info["turn"]["observation"] == "Yes, it is a big port city." and step.reward == -1.0
+    assert game.simulator_failed("Is it by the sea?").text == "unknown"
+
+
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        ("Yes, it is by the sea.", "missing 'ANSWER:'"),
+        ("REASON: it is a port.\nANSWER:   ", "empty answer"),
+        ("REASON: x\nANSWER: It is Busan, of course.", "names 'Busan'"),
+        ("REASON: x\nANSWER: They call it pusan.", "names 'Pusan'"),
+        ("REASON: x\nANSWER: It is in south korea.", "names 'South Korea'"),
+        ("REASON: x\nANSWER: " + "very " * 80 + "big", "over 300"),
+        ("## Questions and answers\nANSWER: yes", "repeats the prompt"),
+    ],
+)
+def test_the_llm_simulators_bad_replies_are_refused(env, reply, message):
+    game = env.game(env.task("Busan, South Korea"))
+    with pytest.raises(ValueError, match=message):
+        game.simulator_request("Is it by the sea?").parse(reply)
+
+
+def test_the_llm_summarizer_is_told_the_city_and_the_game(env):
+    busan = env.task("Busan, South Korea")
+    turns = _turns(env, busan, ["continent"])
+    request = env.summary_request(busan, turns, False)
+    system, user = (m["content"] for m in request.messages)
+    assert "Busan, in South Korea (Asia)" in user and "Q1: What part of the world is it in?" in user
+    assert "Portoviejo, Ecuador" in system and "The player did not find it." in user
+    assert request.parse("  The secret city was Busan.\nThe player asked one question. ") == "The secret city was Busan. The player asked one question."
+    with pytest.raises(ValueError, match="repeats the prompt"):
+        request.parse(user)
+    assert "Portoviejo" not in GuessMyCityEnv(show_candidates=False).summary_request(busan, turns, False).messages[0]["content"]
+
+
+def _proposals(*items) -> str:
+    import json
+
+    return "```json\n" + json.dumps([dict(zip(("teacher_reason", "question", "player_reason"), item, strict=True)) for item in items]) + "\n```"
+
+
+def test_the_llm_proposer_parses_moves_the_player_could_make(env):
+    busan = env.task("Busan, South Korea")
+    prefix = _turns(env, busan, ["continent", "language"])
+    request = env.proposer_request(busan, prefix, 2, "The secret city was Busan.")
+    system, user = (m["content"] for m in request.messages)
+    assert "The secret city was Busan." in system and "Q2: What language do people speak there?" in user and "question 3 of 10" in user
+    out = request.parse(_proposals(
+        ("Busan is a big port: the coast splits the Korean cities.", "Is it on the coast?", "Ten Korean cities are left; the coast splits them."),
+        ("Size narrows Busan to two.", "How big is it?", "Size comes next."),
+    ))
+    assert [c.action for c in out] == ["Is it on the coast?", "How big is it?"]
+    assert out[0].text == "REASON: Ten Korean cities are left; the coast splits them.\nQUESTION: Is it on the coast?"
+    assert "Busan" in out[0].rationale and out[0].reason == "Ten Korean cities are left; the coast splits them."
+    done = _turns(env, busan, ["continent", "language", "size", "water"])
+    [guess] = env.proposer_request(busan, done, 1, "").parse(_proposals(("Only Busan is left.", "Is the city Busan?", "Only one city fits.")))
+    assert guess.action == "Is the city Busan?"
+
+
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        (("t", "Is the city Busan?", "A big Korean port."), "proposal 0: the question guesses the secret while 10 cities still fit"),
+        (("t", "What is the name of the city?", "Just ask."), "proposal 0: the question asks for the name of the city"),
+        (("t", "Which country is it in?", "Just ask."), "asks for the name"),
+        (("t", "Is it on the coast?", "It could be Busan."), "player_reason names the hidden city"),
+        (("t", "Is it on the coast?", "It could be Pusan."), "player_reason names the hidden city"),
+    ],
+)
+def test_the_llm_proposers_bad_moves_are_refused(env, item, message):
+    busan = env.task("Busan, South Korea")
+    request = env.proposer_request(busan, _turns(env, busan, ["continent", "language"]), 1, "")
+    with pytest.raises(ValueError, match=message):
+        request.parse(_proposals(item))
+
+
+def test_the_llm_controller_parses_places_and_refuses_hindsight_guesses(env):
+    busan = env.task("Busan, South Korea")
+    turns = _turns(env, busan, ["hemisphere", "continent", "language"])
+    request = env.controller_request(busan, turns, 2)
+    assert "The secret city was Busan." in request.messages[1]["content"]
+    out = request.parse('1. "Which hemisphere is it in?";too broad;"What part of the world is it in?"/\n2. "What language do people speak there?";fine;"How big is it?"/')
+    assert [(turn, c.action, c.reason) for turn, c in out] == [(0, "What part of the world is it in?", ""), (2, "How big is it?", "")]
+    assert out[0][1].rationale == "too broad"
+    with pytest.raises(ValueError, match="place 1: the replacement guesses the secret while 20 cities"):
+        request.parse('1. "What language do people speak there?";x;"Is the city Busan?"/')
+    with pytest.raises(ValueError, match="asks for the name"):
+        request.parse('1. "Which hemisphere is it in?";x;"What is the city called?"/')
+    with pytest.raises(ValueError, match="never asked"):
+        request.parse('1. "Is it big?";x;"How big is it?"/')
+
+
+def _forward_game(env, topics):
+    busan = env.task("Busan, South Korea")
+    game = env.game(busan)
+    game.reset()
+    for t in _turns(env, busan, topics):
+        game.step(env.render_action("", t["action"]))
+    return game
+
+
+def test_the_llm_forward_model_replays_to_the_end_of_the_game(env):
+    game = _forward_game(env, ["continent", "language"])
+    request = env.forward_request(game)
+    assert "Busan, in South Korea" in request.messages[0]["content"] and "from Q3" in request.messages[1]["content"]
+    pairs = request.parse("Q3: How big is it?\nA3: Very big, several million people.\nQ4: Is it on the coast?\nA4: Yes, a port.\n"
+                          "Q5: Is the city Seoul?\nA5: yes")
+    assert [a.text for _, a in pairs] == ["Very big, several million people.", "Yes, a port.", "no"]  # the rules answer a guess
+    assert pairs[-1][1].is_guess and not pairs[-1][1].correct
+    assert pairs[0][0] == "REASON: \nQUESTION: How big is it?"
+    # Answers in the knowledge base's words single Busan out, so the player may guess it.
+    won = request.parse(f"Q3: How big is it?\nA3: {env.oracle.says(game.task, 'size')}\nQ4: Coast?\nA4: It lies on the sea coast.\n"
+                        "Q5: Is the city Busan?\nA5: yes")
+    assert won[-1][1].correct
+    with pytest.raises(ValueError, match="Q5 guesses the secret while 3 cities still fit"):  # "3-10M people" is no answer it knows
+        request.parse("Q3: How big is it?\nA3: 3-10M people.\nQ4: Coast?\nA4: It lies on the sea coast.\nQ5: Is the city Busan?\nA5: yes")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("Q3: How big is it?\nA3: big", "stops at Q3 before the game ends"),
+        ("Q3: Is the city Busan?\nA3: yes", "Q3 guesses the secret while 10 cities still fit"),
+        ("Q3: How big is it?\nA3: As big as Busan gets.\nQ4: Is the city Seoul?\nA4: no", "A3: the answer names 'Busan'"),
+        ("Q3: Is the city Seoul?\nA3: no\nQ4: How big is it?\nA4: big", "Q4 comes after the game ended"),
+        ("Q3: What is its name?\nA3: I can't say.\nQ4: Is the city Seoul?\nA4: no", "Q3 asks for the name"),
+        ("Q3: How big is it?\nA3:\nQ4: Is the city Seoul?\nA4: no", "expected 'A3: <answer>'"),
+        ("Q4: How big is it?\nA4: big", "expected 'Q3"),
+    ],
+)
+def test_the_llm_forward_models_bad_continuations_are_refused(env, text, message):
+    with pytest.raises(ValueError, match=message):
+        env.forward_request(_forward_game(env, ["continent", "language"])).parse(text)
+
+
+def test_the_llm_labeler_and_judge_parse_their_replies(env):
+    busan = env.task("Busan, South Korea")
+    turns = _turns(env, busan, ["continent"]) + [{"action": "Is the city Seoul?", "observation": "no"}]
+    request = env.labeler_request(turns, [(turns, -10.0)])
+    assert "<Game 1>" in request.messages[1]["content"] and "Reward: -10" in request.messages[1]["content"]
+    assert request.parse("Reward: -10") == -10.0
+    with pytest.raises(ValueError, match=r"outside \[-10, 0\]"):
+        request.parse("Reward: -20")
+    judge = env.judge_request(busan.id, turns)
+    assert "The secret city: Busan, South Korea" in judge.messages[1]["content"]
+    scores = judge.parse("Progress: 2\nQuestion quality: 6\nConsistency: 8\nEfficiency: 1\nOutcome: 0\nOverall: 2")
+    assert scores["Overall"] == 2.0
+    with pytest.raises(ValueError, match="missing scores: Question quality"):
+        judge.parse("Progress: 2")
+
+
+def test_the_tokenizer_corpus_holds_every_citys_names_and_answers(env):
+    corpus = "\n".join(env.tokenizer_corpus())
+    for city in env.tasks("test"):
+        assert all(n in corpus for n in city.names) and env.oracle.says(city, "landmark") in corpus
+    assert "REASON:" in corpus

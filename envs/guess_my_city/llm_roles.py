@@ -4,6 +4,7 @@ what is this game's own, the simulator's free-text answers; the parsers every qu
 shares are in envs/question_roles.py."""
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from envs import question_roles
@@ -20,8 +21,8 @@ MAX_ANSWER_CHARS = 300  # "a few words": one or two sentences
 def named(text: str, words: Iterable[str]) -> str | None:
     """The first of `words` (names of the city, its country) that `text` says, as whole words
     after normalisation, or None."""
-    said = f" {normalize(text)} "
-    return next((w for w in words if f" {normalize(w)} " in said), None)
+    said = normalize(text)
+    return next((w for w in words if re.search(rf"(?<!\w){re.escape(normalize(w))}(?!\w)", said)), None)
 
 
 def read_answer(text: str, hidden: Iterable[str]) -> str:
