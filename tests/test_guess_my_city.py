@@ -186,11 +186,15 @@ def test_running_out_of_questions_truncates():
 NOISE = {"p_random": 0.15, "p_repeat": 0.10, "p_early_guess": 0.10}
 
 
-@pytest.fixture(scope="module")
-def env():
+def GuessMyCityEnv(**options):
     from envs import registry
 
-    return registry.make("guess_my_city", {})
+    return registry.make("guess_my_city", options)
+
+
+@pytest.fixture(scope="module")
+def env():
+    return GuessMyCityEnv()
 
 
 def _play(env, policy, task, seed: int) -> list[dict]:
@@ -240,6 +244,8 @@ def test_the_expert_beats_noisy_which_beats_random(env):
 
 
 def test_policies_are_deterministic_given_the_seed_and_write_the_action_format(env):
+    import random
+
     from envs.reason_question import parse_action
 
     task = env.task("Quito, Ecuador")
@@ -248,7 +254,7 @@ def test_policies_are_deterministic_given_the_seed_and_write_the_action_format(e
         assert turns == _play(env, policy, task, 7), name
         assert all(t["reason"] for t in turns)
     game = env.game(task)
-    text = env.policies(NOISE)["noisy"].act(game, __import__("random").Random(0))
+    text = env.policies(NOISE)["noisy"].act(game, random.Random(0))
     assert parse_action(text).question
 
 
@@ -309,12 +315,6 @@ def test_a_last_turn_guess_is_the_rules_pick_whatever_the_secret(env):
         assert c.action == "Is the city Seoul?" and c.reason == "Last turn, guess Seoul."
     assert "right" in short.propose(seoul, _turns(short, busan, topics), 1)[0].rationale
     assert "wrong" in short.propose(busan, _turns(short, busan, topics), 1)[0].rationale
-
-
-def GuessMyCityEnv(**options):
-    from envs import registry
-
-    return registry.make("guess_my_city", options)
 
 
 def test_hindsight_chooses_which_question_among_those_the_player_could_justify(env):
@@ -620,3 +620,62 @@ def test_the_tokenizer_corpus_holds_every_citys_names_and_answers(env):
     for city in env.tasks("test"):
         assert all(n in corpus for n in city.names) and env.oracle.says(city, "landmark") in corpus
     assert "REASON:" in corpus
+
+
+# ---- the real stages with env.name: guess_my_city ----
+
+
+def _params(**overrides):
+    from conftest import tiny_params
+    from tasks.params import Params
+
+    # No candidate list: the tiny untrained model reads short prompts. Every policy sampling may
+    # write the longest scripted action (a guess lists what the answers established).
+    tokens = {"max_new_tokens": 64}
+    raw = tiny_params({"env": {"name": "guess_my_city", "max_turns": 10, "show_candidates": False},
+                       "bootstrap": {"behaviour_mix": {"expert": 0.2, "noisy": 0.4, "random": 0.4}, "demos_per_task": 3, "eval_sampling": tokens},
+                       "collect": {"sampling": tokens}, "regenerate": {"sampling": tokens}, **overrides})
+    return Params.model_validate(raw)
+
+
+def test_scripted_demonstrations_go_through_summarize_relabel_regenerate_and_label(tmp_path, tiny_model_dir):
+    from storage.parquet import read_table, write_table
+    from storage.schema import to_table
+    from tasks.bootstrap import demonstrations
+    from tasks.label import run_label
+    from tasks.regenerate import run_regenerate
+    from tasks.relabel import run_relabel
+    from tasks.summarize import run_summarize
+
+    p = _params()
+    demos = demonstrations(p)
+    assert len(demos) == 9 and {e.task.split for e in demos} == {"train"}
+    write_table(to_table([e.to_row() for e in demos], "trajectories"), tmp_path / "trajectories.parquet", "trajectories")
+    logged = read_table(tmp_path / "trajectories.parquet").to_pylist()
+    assert {r["env"] for r in logged} == {"guess_my_city"} and {r["policy_id"] for r in logged} >= {"scripted:noisy", "scripted:random"}
+
+    assert run_summarize(p, tmp_path / "trajectories.parquet", tmp_path)["summaries"] == 9
+    m = run_relabel(p, tmp_path / "trajectories.parquet", tmp_path / "summaries.parquet", tmp_path / "relabel")
+    relabels = read_table(tmp_path / "relabel/relabels.parquet").to_pylist()
+    assert m["proposed"] == m["relabels"] + m["dropped_equal"] and m["relabels"] == len(relabels) > 0
+    by_id = {r["trajectory_id"]: r for r in logged}
+    for r in relabels:
+        assert 0.3 * by_id[r["trajectory_id"]]["num_turns"] <= r["branch_turn"] < 0.8 * by_id[r["trajectory_id"]]["num_turns"]
+
+    run_regenerate(p, tmp_path / "trajectories.parquet", tmp_path / "relabel/relabels.parquet", tiny_model_dir, tmp_path / "regen")
+    regens = read_table(tmp_path / "regen/trajectories.parquet").to_pylist()
+    assert len(regens) == len(relabels) and all(t["source"] == "regeneration" and t["env"] == "guess_my_city" for t in regens)
+    labels = run_label(p, [tmp_path / "trajectories.parquet", tmp_path / "regen/trajectories.parquet"], tmp_path / "label")
+    assert labels["labels"] == 9 + len(regens) and labels["status"] == {"ok": 9 + len(regens)} and labels["logged_return_mismatches"] == 0
+
+
+def test_collect_plays_guess_my_city_with_a_model(tmp_path, tiny_model_dir):
+    from storage.parquet import read_table
+    from tasks.collect import run_collect
+
+    m = run_collect(_params(), tiny_model_dir, tmp_path)
+    rows = read_table(tmp_path / "trajectories.parquet").to_pylist()
+    assert m["trajectories"] == len(rows) == 12  # 3 tasks of train and of val, 2 each
+    for r in rows:
+        assert r["env"] == "guess_my_city" and r["messages"][0]["content"].startswith("You are playing a game where you must guess where")
+        assert r["num_turns"] == len(r["turns"]) <= 10 and -10.0 <= r["return"] <= 0.0

@@ -32,7 +32,7 @@ TEMPLATES = {
 
 class GuessMyCityOptions(Options):
     max_turns: int = Field(MAX_TURNS, ge=1, le=100)  # HOPE: 10 questions, the last one a forced guess
-    show_candidates: bool = True  # list every city in the prompts, as HOPE does (about 2,000 tokens of a tiny model's BPE)
+    show_candidates: bool = True  # list every city in the prompts, as HOPE does: ~900 tokens of bootstrap's BPE, too many for the tiny model
     fact_breadth: int = Field(3, ge=1)  # fact sheets: each statement drawn from this many of the most telling
 
 
