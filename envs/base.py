@@ -135,7 +135,8 @@ class Game(ABC):
 
     def simulator_request(self, text: str) -> Request[object] | None:
         """The LLM simulator's call for the agent's text (its parse gives `step`'s answer), or
-        None when the text asks nothing (EMPTY_REPLY) and the oracle's answer stands."""
+        None when the oracle's answer stands: the text asks nothing (EMPTY_REPLY), or it is a
+        move the rules answer themselves (a guess, where the rules judge guesses)."""
         raise _missing(self, "LLM simulator (roles.simulator)")
 
     def simulator_failed(self, text: str) -> object:

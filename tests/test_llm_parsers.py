@@ -1,7 +1,11 @@
-"""Parsers of LLM role outputs on a corpus of good and bad outputs."""
+"""Parsers of LLM role outputs on a corpus of good and bad outputs: those every question game
+shares (envs/question_roles.py) and TwentyQuestions' own."""
 import pytest
 
-from envs.twenty_questions.llm_roles import chat, dialogue, parse_proposals, parse_reward, parse_summary, parse_yes_no
+from envs.question_roles import dialogue, parse_controller, parse_proposals, parse_reward, parse_rubric, parse_summary
+from envs.twenty_questions.llm_roles import chat, parse_continuation, parse_yes_no
+
+HIDDEN = {"secret": ["Dog"], "category": ["Animals"]}
 
 GOOD_PROPOSALS = '''Here are my suggestions.
 ```json
@@ -11,11 +15,11 @@ GOOD_PROPOSALS = '''Here are my suggestions.
 
 
 def test_proposals_good():
-    out = parse_proposals(GOOD_PROPOSALS, 2, "Dog", "Animals")
+    out = parse_proposals(GOOD_PROPOSALS, 2, HIDDEN)
     assert [p.question for p in out] == ["Is it an animal?", "Is it kept as a pet?"]
-    assert parse_proposals(GOOD_PROPOSALS, 1, "Dog", "Animals")[0].player_reason.startswith("Nothing is known")
+    assert parse_proposals(GOOD_PROPOSALS, 1, HIDDEN)[0].player_reason.startswith("Nothing is known")
     bare = '[{"teacher_reason": "t", "question": "Is it red?", "player_reason": "p"}]'
-    assert parse_proposals(bare, 2, "Dog", "Animals")[0].question == "Is it red?"
+    assert parse_proposals(bare, 2, HIDDEN)[0].question == "Is it red?"
 
 
 @pytest.mark.parametrize(
@@ -36,7 +40,7 @@ def test_proposals_good():
 )
 def test_proposals_bad(text, message):
     with pytest.raises(ValueError, match=message):
-        parse_proposals(text, 2, "Dog", "Animals")
+        parse_proposals(text, 2, HIDDEN)
 
 
 @pytest.mark.parametrize("text, value", [("Reward: -4", -4.0), ("reward: 0\n", 0.0), ("I count 5 questions.\nReward: -5.0", -5.0), ("Reward:-20", -20.0)])
@@ -110,8 +114,6 @@ A solid game."""
 
 
 def test_rubric_reads_overall_and_does_not_recompute_it():
-    from envs.twenty_questions.llm_roles import parse_rubric
-
     scores = parse_rubric(JUDGE)
     assert scores["Overall"] == 7.0 and scores["Question quality"] == 7.5
     assert parse_rubric(JUDGE.replace("Progress: 6", "**Progress**: 6"))["Progress"] == 6.0
@@ -128,8 +130,6 @@ def test_rubric_reads_overall_and_does_not_recompute_it():
     ],
 )
 def test_rubric_bad(text, message):
-    from envs.twenty_questions.llm_roles import parse_rubric
-
     with pytest.raises(ValueError, match=message):
         parse_rubric(text)
 
@@ -138,8 +138,6 @@ ASKED = ["Is it an animal?", "Is it a pet?", "Is it Cat?"]
 
 
 def test_controller_places():
-    from envs.twenty_questions.llm_roles import parse_controller
-
     out = parse_controller('1. "Is it a pet?";too narrow, the secret is wild;"Does it live in water?"/\n2. "is it cat?";guessed early;"Does it have fur?"', ASKED, 3)
     assert [(p.turn, p.replacement) for p in out] == [(1, "Does it live in water?"), (2, "Does it have fur?")]
     assert "wild" in out[0].critique
@@ -157,15 +155,11 @@ def test_controller_places():
     ],
 )
 def test_controller_bad(text, message):
-    from envs.twenty_questions.llm_roles import parse_controller
-
     with pytest.raises(ValueError, match=message):
         parse_controller(text, ASKED, 3)
 
 
 def test_continuation_good():
-    from envs.twenty_questions.llm_roles import parse_continuation
-
     assert parse_continuation("Q3: Is it big?\nA3: no\nQ4: Is it Cat?\nA4: Yes.", 3, 20) == [("Is it big?", "no"), ("Is it Cat?", "yes")]
 
 
@@ -182,8 +176,6 @@ def test_continuation_good():
     ],
 )
 def test_continuation_bad(text, message):
-    from envs.twenty_questions.llm_roles import parse_continuation
-
     start = 20 if text.startswith("Q20") else 3
     with pytest.raises(ValueError, match=message):
         parse_continuation(text, start, 20)

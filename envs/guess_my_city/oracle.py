@@ -5,6 +5,10 @@ Facts: continent and country come from cities.json; language, currency, time zon
 subregion are tabulated per country (data/countries.yaml, with per-city overrides); region in the
 country, water, size, status, climate, landmark and food per city (data/facts.yaml). As in HOPE's
 simulator prompt, no answer names the city or its country, and a request for either is refused.
+
+Scripted players and the oracle roles reason over the same facts: one question per topic
+(QUESTIONS, general to specific) and a short label per answer ("coastal", "speaks Spanish"),
+the words a player's reason and the fact sheets use.
 """
 from __future__ import annotations
 
@@ -72,12 +76,44 @@ def topic(question: str) -> str | None:
     return next((name for name, p in _TOPICS if p.search(q)), None)
 
 
+@dataclass(frozen=True)
+class Question:
+    topic: str
+    level: int  # 0 where in the world, 1 what the country is like, 2 the city itself, 3 its one-off details
+    text: str  # as a scripted player asks it (topic(text) == topic)
+    about: str  # in a scripted player's reason: "Ask about the climate."
+
+
+# General to specific, as a person narrowing down a place asks. The details (a landmark, a food)
+# come last although each names one city: an answer a player can only use by having memorised
+# that city's trivia, where a real simulator would often be vaguer than this knowledge base.
+QUESTIONS = (
+    Question("continent", 0, "What part of the world is it in?", "part of the world"),
+    Question("hemisphere", 0, "Which hemisphere is it in?", "hemisphere"),
+    Question("language", 1, "What language do people speak there?", "language"),
+    Question("currency", 1, "What currency do people use?", "currency"),
+    Question("time_zone", 1, "What time zone is it in?", "time zone"),
+    Question("water", 2, "Does it lie on the sea, a river or a lake?", "water"),
+    Question("size", 2, "How many people live there?", "size"),
+    Question("status", 2, "Is it a national or regional capital?", "capital status"),
+    Question("region", 2, "Where in the country is it?", "region"),
+    Question("climate", 2, "What is the climate like?", "climate"),
+    Question("landmark", 3, "What is it known for?", "landmark"),
+    Question("food", 3, "What food is it known for?", "food"),
+)
+
+
 class Oracle:
     def __init__(self, cities: Cities, facts: dict[str, Facts]):
         missing = [c.id for c in cities.cities if c.id not in facts]
         if missing:
             raise ValueError(f"no facts for {missing}")
         self.cities, self.facts = cities, facts
+        topics = [t for t, _ in TOPICS if t != "name"]
+        self._said = {c.id: {t: render(t, facts[c.id]) for t in topics} for c in cities.cities}
+        # Every answer the oracle gives, by topic, with its short label: an answer it never gives
+        # (an LLM simulator's) tells a scripted player nothing.
+        self.labels = {(t, said): label(t, facts[c.id]) for c in cities.cities for t, said in self._said[c.id].items()}
 
     def answer(self, city: City, question: str) -> str:
         t = topic(question)
@@ -85,11 +121,15 @@ class Oracle:
             return UNKNOWN
         if t == "name":
             return REFUSAL
-        return render(t, self.facts[city.id])
+        return self.says(city, t)
 
     def answers(self, city: City) -> dict[str, str]:
         """Every topic's answer for `city` (the name topic aside): what the oracle can tell."""
-        return {t: render(t, self.facts[city.id]) for t, _ in TOPICS if t != "name"}
+        return dict(self._said[city.id])
+
+    def says(self, city: City, t: str) -> str:
+        """The oracle's answer about `city` on topic `t` (not the name topic)."""
+        return self._said[city.id][t]
 
 
 def render(t: str, f: Facts) -> str:
@@ -107,6 +147,30 @@ def render(t: str, f: Facts) -> str:
         "size": f"It is {SIZES[f.size]}.",
         "status": STATUS[f.status],
         "region": f"It lies in {region}.",
+    }[t]
+
+
+SIZE_LABELS = {1: "under 300k people", 2: "300k-1M people", 3: "1-3M people", 4: "3-10M people", 5: "over 10M people"}
+WATER_LABELS = {"coast": "coastal", "river": "on a river", "lake": "on a lake", "inland": "inland"}
+STATUS_LABELS = {"capital": "national capital", "regional": "regional capital", "none": "not a capital"}
+
+
+def label(t: str, f: Facts) -> str:
+    """The short label of the answer on topic `t`: the words a reason lists ("in East Asia,
+    speaks Korean, coastal") and a fact sheet states. A function of what the answer says."""
+    return {
+        "language": f"speaks {f.language}",
+        "currency": f"pays in {f.currency}",
+        "time_zone": f.time_zone,
+        "hemisphere": f"{f.hemisphere} hemisphere" if f.hemisphere in ("northern", "southern") else "on the equator",
+        "continent": f"in {f.subregion}",
+        "food": f"serves {f.food}",
+        "landmark": f"known for {f.landmark}",
+        "climate": f"{f.climate} climate",
+        "water": WATER_LABELS[f.water],
+        "size": SIZE_LABELS[f.size],
+        "status": STATUS_LABELS[f.status],
+        "region": f"{f.region} of the country" if f.region in COMPASS else f.region,
     }[t]
 
 

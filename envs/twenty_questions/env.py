@@ -20,24 +20,14 @@ from envs.base import (
     recorded_reply,
 )
 from envs.base import Game as BaseGame
+from envs.question_roles import dialogue, parse_controller, parse_proposals, parse_reward, parse_rubric, parse_summary
 
 from . import labeler, proposer, summarizer
 from .facts import fact_sheets
 from .format import ActionParseError, final_message, observation_message, parse_action, render_action, system_prompt
 from .game import MAX_TURNS, Answer, Game
 from .kb import EXPECTED_COUNTS, Entity, KnowledgeBase, load_kb
-from .llm_roles import (
-    chat,
-    dialogue,
-    parse_continuation,
-    parse_controller,
-    parse_proposals,
-    parse_reward,
-    parse_rubric,
-    parse_summary,
-    parse_yes_no,
-    template_hash,
-)
+from .llm_roles import chat, parse_continuation, parse_yes_no, template_hash
 from .policies import ExpertPolicy, NoisyPolicy, PlayerView, RandomPolicy
 
 TEMPLATES = {
@@ -257,7 +247,7 @@ class TwentyQuestions(Environment):
             """parse_proposals, refusing a question that guesses the secret with hindsight: the
             action enters the trajectory as the player's move."""
             out = []
-            for i, p in enumerate(parse_proposals(text, n, task.name, task.category)):
+            for i, p in enumerate(parse_proposals(text, n, {"secret": [task.name], "category": [task.category]})):
                 if (why := proposer.unjustified_guess(self.kb, task, view, p.question)) is not None:
                     raise ValueError(f"proposal {i}: the question {why}")
                 out.append(Counterfactual(render_action(p.player_reason, p.question), p.question, p.player_reason, p.teacher_reason))

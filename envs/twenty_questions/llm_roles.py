@@ -1,230 +1,27 @@
 """TwentyQuestions roles played by an LLM: their prompts (Jinja2 files in prompts/, in our own
-words after HOPE's and HR's structure) and the parsers that validate what comes back.
-
-Every parser raises ValueError saying what is wrong, so the caller can sample again and, in the
-end, record the reason. A parser reads only the model's output, never the prompt, and refuses an
-output that echoes the prompt back.
-"""
+words after HOPE's and HR's structure) and the parsers of what is this game's own, the yes/no
+answers; the parsers every question game shares are in envs/question_roles.py."""
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-from dataclasses import dataclass
-from pathlib import Path
 
-from .format import _TEMPLATES
+from envs import question_roles
 
-PROMPTS = Path(__file__).parent / "prompts"
+from .format import PROMPTS
 
-# Marks of our prompts that an answer never contains unless it is repeating the prompt.
-_ECHO_MARKS = (
-    "## Questions and answers", "## Summary of the whole game", "<Game", "Reply with", "Now rate this game",
-    "=== GAME ===", "Name the top", "Use exactly these labels", "Here is the start of a game",
-)
+chat = PROMPTS.chat
+template_hash = PROMPTS.hash
 
 
-def template_hash(*names: str) -> str:
-    """Content hash of the templates a role renders: rows record it, so a reworded prompt shows."""
-    h = hashlib.sha256()
-    for name in names:
-        h.update((PROMPTS / name).read_bytes())
-    return h.hexdigest()[:12]
-
-
-def chat(template: str, **context: object) -> list[dict[str, str]]:
-    """A system and a user message from one template (its `system` flag picks the part)."""
-    t = _TEMPLATES.get_template(template)
-    return [
-        {"role": "system", "content": t.render(system=True, **context).strip()},
-        {"role": "user", "content": t.render(system=False, **context).strip()},
-    ]
-
-
-def dialogue(history: list[tuple[str, str]]) -> str:
-    """The game as numbered question/answer lines, the form every role's prompt shows."""
-    return "\n".join(f"Q{i + 1}: {q}\nA{i + 1}: {a}" for i, (q, a) in enumerate(history))
-
-
-def _no_echo(text: str) -> None:
-    mark = next((m for m in _ECHO_MARKS if m in text), None)
-    if mark:
-        raise ValueError(f"the output repeats the prompt ({mark!r})")
-
-
-# ---- summarizer (HOPE's pi_sum) ----
-
-
-def parse_summary(text: str, max_chars: int = 2000) -> str:
-    text = text.strip()
-    if not text:
-        raise ValueError("empty summary")
-    _no_echo(text)
-    if len(text) > max_chars:
-        raise ValueError(f"summary of {len(text)} characters, over {max_chars}")
-    if not re.search(r"[A-Za-z]{3,}", text):
-        raise ValueError("summary has no words")
-    return " ".join(text.split())
-
-
-# ---- hindsight proposer (HOPE's pi_H) ----
-
-
-@dataclass(frozen=True)
-class LLMProposal:
-    teacher_reason: str
-    question: str
-    player_reason: str
-
-
-def _json_block(text: str) -> str:
-    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
-    if fenced:
-        return fenced.group(1)
-    start, end = text.find("["), text.rfind("]")
-    if start < 0 or end < start:
-        raise ValueError("no JSON list in the output")
-    return text[start : end + 1]
-
-
-def parse_proposals(text: str, n: int, secret: str, category: str) -> list[LLMProposal]:
-    """Up to n proposals. The question must be one line; the player's reason must not name the
-    secret or its category (it enters the policy's action; only the teacher may use hindsight)."""
-    _no_echo(text)
-    try:
-        items = json.loads(_json_block(text))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"JSON does not parse: {e.msg} at character {e.pos}") from None
-    if not isinstance(items, list) or not items:
-        raise ValueError("expected a non-empty JSON list of proposals")
-    out = []
-    for i, item in enumerate(items[:n]):
-        if not isinstance(item, dict):
-            raise ValueError(f"proposal {i}: expected an object, got {type(item).__name__}")
-        fields = {}
-        for key in ("teacher_reason", "question", "player_reason"):
-            value = item.get(key)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"proposal {i}: missing or empty {key!r}")
-            fields[key] = " ".join(value.split())
-        if len(fields["question"]) > 200 or "\n" in item["question"].strip():
-            raise ValueError(f"proposal {i}: the question is not one short line")
-        leaked = next((w for w in (secret, category) if re.search(rf"\b{re.escape(w)}\b", fields["player_reason"], re.I)), None)
-        if leaked:
-            raise ValueError(f"proposal {i}: player_reason names the hidden {'secret' if leaked == secret else 'category'}")
-        out.append(LLMProposal(**fields))
-    return out
-
-
-# ---- reward labeler (HR's few-shot labeler) ----
-
-_REWARD_LINE = re.compile(r"^\s*Reward:\s*(-?\d+(?:\.\d+)?)\s*$", re.I)
-
-
-def parse_reward(text: str, low: float, high: float) -> float:
-    """The label is the output's one "Reward: <number>" line, in [low, high]. Several such lines
-    (an echoed example, a dialogue that itself says "Reward: 10") make the output ambiguous."""
-    _no_echo(text)
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    found = [m for m in (_REWARD_LINE.match(line) for line in lines) if m]
-    if not found:
-        raise ValueError("no line 'Reward: <number>'")
-    if len(found) > 1:
-        raise ValueError(f"{len(found)} 'Reward:' lines; expected one")
-    value = float(found[0].group(1))
-    if not low <= value <= high:
-        raise ValueError(f"reward {value:g} outside [{low:g}, {high:g}]")
-    return value
-
-
-# ---- rubric judge (Refit's labeler) ----
-
-RUBRIC = ("Progress", "Question quality", "Consistency", "Efficiency", "Outcome", "Overall")
-_RUBRIC_LINE = re.compile(r"^\s*\**\s*(%s)\s*\**\s*:\s*\**\s*(-?\d+(?:\.\d+)?)" % "|".join(map(re.escape, RUBRIC)), re.I | re.M)
-
-
-def parse_rubric(text: str) -> dict[str, float]:
-    """Every criterion's 0-10 score, Overall included. Overall is read, never recomputed: a
-    judge's holistic score need not be the mean of the others. The first score of a label wins."""
-    _no_echo(text)
-    scores: dict[str, float] = {}
-    for name, value in _RUBRIC_LINE.findall(text):
-        key = next(f for f in RUBRIC if f.lower() == name.lower())
-        scores.setdefault(key, float(value))
-    missing = [f for f in RUBRIC if f not in scores]
-    if missing:
-        raise ValueError(f"missing scores: {', '.join(missing)}")
-    bad = {k: v for k, v in scores.items() if not 0 <= v <= 10}
-    if bad:
-        raise ValueError("scores outside 0..10: " + ", ".join(f"{k} {v:g}" for k, v in bad.items()))
-    return scores
-
-
-# ---- hindsight controller (HR) ----
-
-_PLACE = re.compile(r'^\s*\d+\.\s*"(?P<said>[^"]+)"\s*;(?P<critique>[^;]*);\s*"(?P<instead>[^"]+)"\s*/?\s*$')
-
-
-@dataclass(frozen=True)
-class Place:
-    turn: int  # 0-based index of the player's question that the controller quoted
-    critique: str  # hindsight; may use the secret, never enters the action
-    replacement: str
-
-
-def parse_controller(text: str, questions: list[str], top: int) -> list[Place]:
-    """HR's `1. "said";critique;"instead"/` lines. A quote must be one of the player's questions
-    (so the place is known); lines that are not places, or quote nothing the player asked, are
-    refused with the output rather than guessed at."""
-    _no_echo(text)
-    norm = [" ".join(q.lower().split()) for q in questions]
-    places, seen = [], set()
-    for line in (line for line in text.strip().splitlines() if line.strip()):
-        m = _PLACE.match(line)
-        if not m:
-            raise ValueError(f"not a place line: {line.strip()[:60]!r}")
-        said = " ".join(m["said"].lower().split())
-        turn = next((i for i, q in enumerate(norm) if q == said), None)
-        if turn is None:
-            raise ValueError(f"quotes {m['said'][:60]!r}, which the player never asked")
-        instead = " ".join(m["instead"].split())
-        if turn in seen or " ".join(instead.lower().split()) == said:
-            continue  # a place named twice, or a replacement equal to what was said
-        seen.add(turn)
-        places.append(Place(turn, " ".join(m["critique"].split()), instead))
-    if not places:
-        raise ValueError("no place to improve")
-    return places[:top]
-
-
-# ---- forward model (HR): the rest of the game, both sides ----
-
-_Q_LINE = re.compile(r"^\s*Q(\d+):\s*(.+?)\s*$")
-_A_LINE = re.compile(r"^\s*A(\d+):\s*(yes|no|unknown)\b", re.I)
+def _yes_no_unknown(text: str) -> str | None:
+    m = re.match(r"(yes|no|unknown)\b", text, re.I)
+    return m.group(1).lower() if m else None
 
 
 def parse_continuation(text: str, start: int, max_turns: int) -> list[tuple[str, str]]:
-    """(question, answer) pairs from "Q<n>: ..." / "A<n>: yes|no" lines, numbered on from
-    `start` (1-based), alternating, each question answered, none past question max_turns."""
-    _no_echo(text)
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    if not lines:
-        raise ValueError("empty continuation")
-    pairs: list[tuple[str, str]] = []
-    for i in range(0, len(lines), 2):
-        number = start + i // 2
-        q = _Q_LINE.match(lines[i])
-        if not q or int(q.group(1)) != number:
-            raise ValueError(f"line {i + 1}: expected 'Q{number}: <question>', got {lines[i].strip()[:50]!r}")
-        if number > max_turns:
-            raise ValueError(f"question {number} is past the game's {max_turns}")
-        if i + 1 >= len(lines):
-            raise ValueError(f"Q{number} has no answer")
-        a = _A_LINE.match(lines[i + 1])
-        if not a or int(a.group(1)) != number:
-            raise ValueError(f"line {i + 2}: expected 'A{number}: yes|no', got {lines[i + 1].strip()[:50]!r}")
-        pairs.append((q.group(2), a.group(2).lower()))
-    return pairs
+    """The forward model's continuation (question_roles.parse_continuation), each question
+    answered yes, no or unknown."""
+    return question_roles.parse_continuation(text, start, max_turns, _yes_no_unknown, "yes|no")
 
 
 # ---- simulator (the answerer, as an LLM) ----
