@@ -283,7 +283,9 @@ class CarDealer(Environment):
         return Request(llm_roles.controller_prompt(state, top), lambda text: llm_roles.parse_controller(text, lambda k: self.dealership(task, turns[:k]), len(turns), top))
 
     def forward_request(self, game: CarDealerGame) -> Request[list[tuple[str, BuyerReply | None]]]:
-        return Request(llm_roles.forward_prompt(self.catalog, game.state), lambda text: llm_roles.parse_continuation(text, copy.deepcopy(game.state)))
+        # Each parse (a retry included) replays from the game as it is now, whatever happens to it later.
+        start = copy.deepcopy(game.state)
+        return Request(llm_roles.forward_prompt(self.catalog, start), lambda text: llm_roles.parse_continuation(text, copy.deepcopy(start)))
 
     def labeler_request(self, turns, examples) -> Request[float]:
         low, high = self.reward_range
