@@ -281,7 +281,8 @@ def test_llm_buyer_reply_is_parsed_or_refused():
     assert (r.answer, r.decision, r.price, r.reason) == ("Deal, I'll take it.", "accept", 68600, "it fits")
     assert parse_buyer("REASON: hm\nANSWER: Cheaper?\nDECISION:\nDecision=Negotiate, Buy_Price=$0").decision == "negotiate"
     for bad, why in [("Sure, sounds good.", "REASON:"), ("REASON: a\nANSWER: b\nDECISION: maybe", "DECISION is not"),
-                     ("REASON: a\nANSWER: b\nDECISION: Decision=Accept, Buy_Price=$0", "without a price")]:
+                     ("REASON: a\nANSWER: b\nDECISION: Decision=Accept, Buy_Price=$0", "without a price"),
+                     ("REASON: a\nANSWER: Decision=Accept, Buy_Price=$5\nDECISION: Decision=Negotiate, Buy_Price=$0", "holds a decision line")]:
         with pytest.raises(ValueError, match=why):
             parse_buyer(bad)
     assert read_observation(r.observation()) == BuyerReply("Deal, I'll take it.", "accept", 68600)

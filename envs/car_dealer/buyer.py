@@ -316,6 +316,8 @@ def parse_buyer(text: str) -> BuyerReply:
     answer = " ".join(m.group(2).split())
     if not answer:
         raise ValueError("empty ANSWER")
+    if _DECISION.search(answer):
+        raise ValueError("the ANSWER holds a decision line")  # the log would read it as the decision
     d = _DECISION.search(m.group(3))
     if d is None:
         raise ValueError(f"DECISION is not 'Decision=Negotiate|Accept|Reject, Buy_Price=$N': {m.group(3).strip()[:60]!r}")
