@@ -17,7 +17,6 @@ format this game parses, and a tool-aware template sees the structured call besi
 """
 from __future__ import annotations
 
-import copy
 import functools
 import random
 from collections.abc import Mapping, Sequence
@@ -284,8 +283,8 @@ class CarDealer(Environment):
 
     def forward_request(self, game: CarDealerGame) -> Request[list[tuple[str, BuyerReply | None]]]:
         # Each parse (a retry included) replays from the game as it is now, whatever happens to it later.
-        start = copy.deepcopy(game.state)
-        return Request(llm_roles.forward_prompt(self.catalog, start), lambda text: llm_roles.parse_continuation(text, copy.deepcopy(start)))
+        start = game.state.fork()
+        return Request(llm_roles.forward_prompt(self.catalog, start), lambda text: llm_roles.parse_continuation(text, start.fork()))
 
     def labeler_request(self, turns, examples) -> Request[float]:
         low, high = self.reward_range

@@ -15,6 +15,7 @@ replay to the same game, which is what `restore` and the labeler rely on.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import random
 from dataclasses import dataclass, field
@@ -91,6 +92,11 @@ class Dealership:
     def previous_car(self) -> Car | None:
         replied = [t for t in self.turns if t.reply is not None]
         return replied[-1].car if replied else None
+
+    def fork(self) -> Dealership:
+        """An independent copy of the game to play on; the buyer and the inventory, which no game
+        changes, are shared rather than copied (hindsight plays out dozens of forks per action)."""
+        return copy.deepcopy(self, {id(self.inventory): self.inventory, id(self.buyer): self.buyer})
 
     def call(self, call: ApiCall) -> str:
         """Run the seller's API call; returns the tool message."""

@@ -17,7 +17,6 @@ action never uses them.
 """
 from __future__ import annotations
 
-import copy
 import random
 from collections.abc import Callable, Mapping, Sequence
 
@@ -60,7 +59,7 @@ def move(body: str) -> tuple:
 
 def score(catalog: Catalog, state: Dealership) -> tuple[bool, float, int]:
     """(sale, return from here, -actions): the game played to its end by the expert seller."""
-    game = copy.deepcopy(state)
+    game = state.fork()
     expert, total, start = Expert(catalog), 0.0, game.actions
     while not game.done:
         total += play(game, expert.act(view(game), random.Random(0)))  # the expert draws nothing
@@ -102,7 +101,7 @@ def ranked(catalog: Catalog, state: Dealership) -> list[tuple[tuple, str, str]]:
     """Every justified action with its hindsight score, best first."""
     out = []
     for order, (reason, body) in enumerate(candidates(catalog, state)):
-        after = copy.deepcopy(state)
+        after = state.fork()
         reward = play(after, render(reason, body))
         sale, rest, actions = score(catalog, after)
         out.append(((sale, round(reward + rest, 9), actions - 1, -order), reason, body))
@@ -148,7 +147,7 @@ def critique(catalog: Catalog, state_at: Callable[[int], Dealership], actions: S
         best = ranked(catalog, state)[0]
         if move(best[2]) == move(original):
             continue
-        after = copy.deepcopy(state)
+        after = state.fork()
         try:
             reward = play(after, render("", original))
         except ActionParseError:
