@@ -102,6 +102,16 @@ def test_bad_inventory_and_catalog_fail_clearly(broken_data):
         data.load_catalog()
 
 
+def test_the_rules_agree_with_buyer_types_json(broken_data):
+    from envs.car_dealer.buyer import check_buyer_types
+
+    check_buyer_types()
+    _edit(broken_data / "buyer_types.json", lambda r: r["types"][1]["patience"].update(max_negotiations=5))
+    data.load_buyer_types.cache_clear()
+    with pytest.raises(DataError, match=r"type 2: patience and distrust \(5, None, None\), the rules have \(6, None, None\)"):
+        check_buyer_types()
+
+
 @pytest.mark.parametrize("task_id", ["2_Volkswagen_van_44000", "2_Kia_truck_41000", "5_Kia_truck_77000"])
 def test_dedicated_inventories_follow_the_generation_rule(task_id):
     b = buyer(task_id)

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from .data import Buyer, Car
+from .data import Buyer, Car, DataError, load_buyer_types
 
 MAX_NEGOTIATIONS = {2: 6, 4: 6}
 PRICE_SLACK = {3: 3000, 4: 4000}  # dollars above budget the buyer still pays (never says so)
@@ -182,6 +182,21 @@ def situate(buyer: Buyer, first: bool, car: Car | None, message: str, counters: 
             neither = "condition_met" if type6_quirk else "car_proposed"
             mode = {(True, True): "condition_met", (True, False): "matched_but_not_expensive", (False, True): "expensive_but_not_matched"}.get((matched, price_ok), neither)
     return Situation(mode, car, price, counters, matched, price_ok, tuple(checks))
+
+
+def check_buyer_types() -> None:
+    """The rules coded here against buyer_types.json, which documents them: a type whose states,
+    patience or distrust differ is an error naming it."""
+    for t, doc in load_buyer_types().items():
+        where = f"buyer_types.json: type {t}"
+        # Type 6's car_proposed is ours: agent_prm writes its strategy but never reaches it (the quirk).
+        if set(doc["simulator_states"]) != set(STATES[t]) - ({"car_proposed"} if t == 6 else set()):
+            raise DataError(f"{where}: states {doc['simulator_states']}, the rules have {list(STATES[t])}")
+        patience, distrust = doc.get("patience") or {}, doc.get("distrust") or {}
+        documented = (patience.get("max_negotiations"), patience.get("max_cars_offered"), distrust.get("rejects_until_num_car_proposed_exceeds"))
+        coded = (MAX_NEGOTIATIONS.get(t), MAX_CARS.get(t), DISTRUST.get(t))
+        if documented != coded:
+            raise DataError(f"{where}: patience and distrust {documented}, the rules have {coded}")
 
 
 def decide(s: Situation) -> tuple[Decision, int]:

@@ -51,8 +51,9 @@ class Car:
 
 @dataclass(frozen=True)
 class Buyer:
-    """A task: one buyer profile. `features` is the order the buyer names them in, shuffled per
-    game as agent_prm does, so the stored order (planted features first) does not leak."""
+    """A task: one buyer profile. `features` is the order the buyer names them in, shuffled once
+    per buyer (seeded by its id; agent_prm shuffles them whenever it builds a game), so the stored
+    order, planted features first, does not tell a seller which ones to search."""
 
     id: str
     split: str
@@ -214,7 +215,7 @@ def load_buyers() -> tuple[Buyer, ...]:
 
 @functools.cache
 def load_buyer_types() -> dict[int, dict]:
-    """buyer_types.json by id; buyer.py holds the rules and checks them against it."""
+    """buyer_types.json by id: the rules' documentation, which buyer.py's rules are checked against."""
     f = "buyer_types.json"
     out = {}
     for i, t in enumerate(_need(_read(f), "types", list, f)):

@@ -30,7 +30,7 @@ from envs.base import EMPTY_REPLY, Counterfactual, Environment, Label, Options, 
 from envs.base import Game as BaseGame
 
 from . import llm_roles, roles
-from .buyer import COULD_NOT_RESPOND, BuyerReply, parse_buyer, strategy
+from .buyer import COULD_NOT_RESPOND, BuyerReply, check_buyer_types, parse_buyer, strategy
 from .data import SPLITS, Buyer, inventory_for, load_buyers, load_catalog
 from .format import ActionParseError, Reply, api_body, is_api, parse, parse_api, parse_reply, render, reply_body
 from .game import MAX_TURNS, Dealership, Rules
@@ -159,6 +159,7 @@ class CarDealer(Environment):
 
     def __init__(self, options: CarDealerOptions):
         super().__init__(options)
+        check_buyer_types()
         self.catalog = load_catalog()
         self.buyers = {b.id: b for b in load_buyers()}
         self.rules = Rules(options.max_turns, options.max_cars_shown, options.reward_rule, options.type6_quirk)
