@@ -68,7 +68,7 @@ def named_after_the_expert(model_dir: Path, params, splits: list[str]) -> dict[s
     counts: dict[str, dict[str, int]] = {}
     for split in splits:
         c = counts.setdefault(split, {"right": 0, "other": 0, "none": 0})
-        for task in env.tasks(split):
+        for task in env.tasks(split)[: params.bootstrap.limit_tasks]:
             game = env.game(task)
             messages, _ = game.reset()
             rng = random.Random(0)

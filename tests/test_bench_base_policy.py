@@ -53,4 +53,7 @@ def test_the_command_trains_plays_and_reports(tmp_path):
     assert set(result["success"]) == {"greedy", "T=1.0", "T=0.7"} and set(result["success"]["greedy"]) == {"train", "val", "test"}
     assert sum(result["held_out_greedy"].values()) == 4  # 2 val + 2 test games, each counted once
     assert "held-out games played greedy, against the expert's path" in out.stdout
+    named = result["named_after_the_expert"]  # naming alone: every game the expert ends on one object, counted once
+    assert set(named) == {"train", "val", "test"} and all(sum(c.values()) <= 2 for c in named.values())
+    assert "naming alone, after the expert's game" in out.stdout
     assert yaml.safe_load((tmp_path / "model" / "config.json").read_text())["hidden_size"] == 64

@@ -98,3 +98,21 @@ def test_bootstrap_stops_when_the_policy_could_not_finish_its_longest_action(tmp
     with pytest.raises(ValueError, match=r"bootstrap.eval_sampling.max_new_tokens is 8, but the longest scripted action is \d+ tokens"):
         run_bootstrap(Params.model_validate(raw), tmp_path)
     assert not (tmp_path / "model").exists()
+
+
+def test_a_riddle_in_guess_form_is_a_guess_without_a_game():
+    """fact_form: guess writes the description as a guess's reason, in the player's action format,
+    after one neutral request: no turns, no questions asked, no answers."""
+    from envs.twenty_questions.facts import RIDDLE_ASK
+    from envs.twenty_questions.format import parse_action
+
+    kb = load_kb()
+    sheet = fact_sheets(kb, 1, seed=0, breadth=1, per_sheet=2, form="guess")[0]
+    assert [m["role"] for m in sheet] == ["system", "user", "assistant", "user", "assistant"]
+    assert sheet[1]["content"] == sheet[3]["content"] == RIDDLE_ASK
+    action = parse_action(sheet[2]["content"])
+    labels, _, named = action.reason.partition(": only ")
+    name = named.removesuffix(" fits.")
+    assert action.question == f"Is it {name}?"
+    by_label = {q.label: (q, True) for q in kb.questions} | {q.no_label: (q, False) for q in kb.questions}
+    assert all(kb.truth(kb.get(name), by_label[label][0]) == by_label[label][1] for label in labels.split(", "))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from typing import Literal
 
 from pydantic import Field
 
@@ -41,6 +42,7 @@ class TwentyQuestionsOptions(Options):
     max_turns: int = Field(MAX_TURNS, ge=1, le=100)  # HOPE: 20, the last one a forced guess
     show_candidates: bool = False  # list the split's objects in the prompts (HOPE does; costs tokens)
     fact_breadth: int = Field(3, ge=1)  # fact sheets: each statement drawn from this many of the most telling
+    fact_form: Literal["statements", "guess"] = "statements"  # statements given, or written as a guess's reason
 
 
 def history(turns: Sequence[Mapping]) -> list[tuple[str, str]]:
@@ -206,7 +208,7 @@ class TwentyQuestions(Environment):
         return names + [system_prompt(self.max_turns, [x.name for x in self.kb.split(s)]) for s in self.splits]
 
     def fact_sheets(self, per_task: int, seed: int) -> list[list[dict]]:
-        return fact_sheets(self.kb, per_task, seed, self.options.fact_breadth)
+        return fact_sheets(self.kb, per_task, seed, self.options.fact_breadth, form=self.options.fact_form)
 
     # ---- oracle roles ----
 

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import random
 
+from envs.reason_question import render_action
+
 from .kb import Entity, KnowledgeBase, Question
 
 FACTS_SYSTEM = "Facts about objects. Name the object they describe."
+RIDDLE_ASK = "Describe an object and name it."
 
 
 def telling(kb: KnowledgeBase, left: list[Entity], used: set[str]) -> list[tuple[int, Question]]:
@@ -52,23 +55,26 @@ def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random, bre
     return facts
 
 
-def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random, breadth: int = 3) -> list[dict]:
+def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random, breadth: int = 3, form: str = "statements") -> list[dict]:
     """One riddle as two chat messages: the statements as short labels, then the object they lead
     to, in the words a player's reason ends with before its guess (policies.only_fits). The
     statements are given, not written by the model: only the name is learnt, so the random order
     and choice of statements add no noise to the loss."""
     facts = identifying_facts(kb, entity, rng, breadth)
     labels = ", ".join(q.label if truth else q.no_label for q, truth in facts)
+    if form == "guess":
+        return [{"role": "user", "content": RIDDLE_ASK},
+                {"role": "assistant", "content": render_action(f"{labels}: only {entity.name} fits.", f"Is it {entity.name}?")}]
     return [{"role": "user", "content": f"{labels}:"}, {"role": "assistant", "content": f"only {entity.name} fits."}]
 
 
-def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int, breadth: int = 3, per_sheet: int = 8) -> list[list[dict]]:
+def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int, breadth: int = 3, per_sheet: int = 8, form: str = "statements") -> list[list[dict]]:
     """`per_object` riddles about every object of every split, in a random order, `per_sheet`
     to a sheet; reproducible from `seed`."""
     rng = random.Random(seed)
     objects = [e for e in kb.entities for _ in range(per_object)]
     rng.shuffle(objects)
-    riddles = [riddle(kb, e, rng, breadth) for e in objects]
+    riddles = [riddle(kb, e, rng, breadth, form) for e in objects]
     return [
         [{"role": "system", "content": FACTS_SYSTEM}, *(m for r in riddles[i : i + per_sheet] for m in r)]
         for i in range(0, len(riddles), per_sheet)
