@@ -388,6 +388,32 @@ def test_invalid_utf8_is_reported_before_anything_else_in_its_row(tmp_path):
     assert quarantine.select(["row", "field"]).to_pylist() == [{"row": 1, "field": "policy_id"}]
 
 
+# --- the export's messages: JSON text, checked as the chat messages they hold ---------------------
+
+
+EXPORT_JSON_FAULTS = {
+    "not JSON": ('{"role": "user", "content": "hi"', "messages[1]", r"^not JSON \(Expecting ',' delimiter"),
+    "not an object": ('["user", "hi"]', "messages[1]", r"^JSON list, expected a message object$"),
+    "unknown key": ('{"role": "user", "content": "hi", "mood": "happy"}', "messages[1]", r"^unknown key 'mood'$"),
+    "content a number": ('{"role": "user", "content": 7}', "messages[1].content", r"^expected string, got int 7$"),
+    "blank content": ('{"role": "user", "content": " "}', "messages[1].content", r"^empty string$"),
+    "tool result out of place": ('{"role": "tool", "content": "1. Kia", "tool_call_id": "call_0"}', "messages[1].role", r"^expected 'system' or 'user' after 'system', got 'tool'"),
+}
+
+
+@pytest.mark.parametrize("text, field, reason", EXPORT_JSON_FAULTS.values(), ids=EXPORT_JSON_FAULTS.keys())
+def test_an_export_message_that_is_not_a_chat_message_is_quarantined(tmp_path, text, field, reason):
+    table = to_table([export(0), export(1), export(2)], E)
+    items = table.column("messages").combine_chunks()
+    texts = items.values.storage.to_pylist()
+    texts[items.offsets[1].as_py() + 1] = text  # row 1, message 1
+    bad = pa.ListArray.from_arrays(items.offsets, pa.ExtensionArray.from_storage(pa.json_(), pa.array(texts, pa.string())), type=items.type)
+    kept, quarantine = checked(write(tmp_path / "e.parquet", E, table.set_column(0, table.schema.field(0), bad)), E)
+    [q] = quarantine.to_pylist()
+    assert (q["row"], q["field"]) == (1, field) and re.search(reason, q["reason"]), q
+    assert kept.column("trajectory_id").to_pylist() == ["t0", "t2"]
+
+
 # --- file-level faults: an error naming the file ------------------------------------------------
 
 
