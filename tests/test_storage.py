@@ -176,6 +176,10 @@ def test_newer_version_wrong_name_and_missing_metadata_are_refused(tmp_path):
     with pytest.raises(SchemaVersionError) as e:
         read_table(path, "trajectories")
     assert str(e.value) == f"{path}: 'trajectories' schema version 7 is not supported (this build reads version 2)"
+    older = table.replace_schema_metadata({**table.schema.metadata, b"retrosight.schema_version": b"1"})  # before tool messages
+    pq.write_table(older, path)
+    with pytest.raises(SchemaVersionError, match=r"version 1 is not supported \(this build reads version 2\); it was written by an older build: rerun"):
+        read_table(path, "trajectories")
 
     pq.write_table(table, path)
     with pytest.raises(SchemaVersionError, match=r"x\.parquet: expected a 'quarantine' table, found 'trajectories'"):
