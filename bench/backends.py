@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.base import Completion, Message, SamplingParams
+from storage.schema import from_table
 from tasks.params import load_params
 from tasks.rollout import derive_seed
 
@@ -41,7 +42,7 @@ from tasks.rollout import derive_seed
 def collect_steps(trajectories: Path, episodes: int, max_turns: int | None) -> list[tuple[list[list[Message]], list[int]]]:
     """Collect's generate calls for its first `episodes` logged trajectories: step t holds the
     dialogue before action t of every episode that reached turn t, and that turn's seed."""
-    rows = pq.read_table(trajectories, columns=["seed", "messages", "num_turns"]).slice(0, episodes).to_pylist()
+    rows = from_table(pq.read_table(trajectories, columns=["seed", "messages", "num_turns"]).slice(0, episodes))
     turns = max(r["num_turns"] for r in rows) if max_turns is None else max_turns
     steps = []
     for t in range(turns):

@@ -107,7 +107,9 @@ def _chunk(rng: np.random.Generator, first: int, n: int, contexts: int) -> pa.Ta
         assistant.cast(pa.string()), user.cast(pa.string()),
     ]).take(pa.array(order))
     messages = pa.ListArray.from_arrays(
-        pa.array(offsets, pa.int32()), pa.StructArray.from_arrays([pa.array(role, pa.string()), content], fields=list(MESSAGE))
+        pa.array(offsets, pa.int32()), pa.StructArray.from_arrays(
+            [pa.array(role, pa.string()), content, *(pa.nulls(len(role), f.type) for f in list(MESSAGE)[2:])], fields=list(MESSAGE)
+        )
     )
     ids = np.arange(first, first + n)
     hexes = [f"{hashlib.sha256(f'r{i}'.encode()).hexdigest()[:16]}" for i in ids]  # parents and relabels

@@ -40,6 +40,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, set_seed
 
 from models.hf import native_bf16
+from storage.schema import from_table
 from tasks.params import load_params
 from tasks.train import refit
 from tasks.train.sft import IGNORE, PadCollator, tokenize_chats
@@ -145,7 +146,7 @@ def run_trl(model_dir: str, table: pl.DataFrame, cfg, seed: int, padding_free: b
     record: dict = {}
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as out, timed_train(record):
-        trl_trainer(model, tokenizer, table["messages"].to_list(), cfg, seed, out, padding_free).train()
+        trl_trainer(model, tokenizer, [r["messages"] for r in from_table(table.select("messages"))], cfg, seed, out, padding_free).train()
     record["total_s"] = time.perf_counter() - t0
     return record
 
@@ -214,7 +215,7 @@ def main() -> None:
         table = table.head(args.rows)
     if args.max_messages:
         table = table.with_columns(pl.col("messages").list.head(args.max_messages))
-    conversations = table["messages"].to_list()
+    conversations = [r["messages"] for r in from_table(table.select("messages"))]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     max_length = AutoModelForCausalLM.from_pretrained(model_dir).config.max_position_embeddings
     examples = tokenize_chats(tokenizer, conversations, max_length).examples

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-Message = dict[str, str]  # {"role": ..., "content": ...}, the OpenAI/TRL chat format
+Message = dict  # {"role": ..., "content": ...}, the OpenAI/TRL chat format; a tool call and its result add tool_calls, tool_call_id, name
 
 
 @dataclass(frozen=True)

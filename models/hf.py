@@ -94,7 +94,9 @@ class HFGenerator:
         self.model_id = f"{self.path.name}@{model_fingerprint(self.path)}"
         self.reuse_prefix = reuse_prefix
         self._kept: dict[tuple[int, ...], _Kept] = {}
-        self.stats = {"prompt_tokens": 0, "prompt_tokens_reused": 0}
+        # prompts_over_positions: prompts longer than the model's max_position_embeddings, which it
+        # reads whole, past the positions it was trained on (a CarDealer dialogue on the tiny model)
+        self.stats = {"prompt_tokens": 0, "prompt_tokens_reused": 0, "prompts_over_positions": 0}
 
     def _ids(self, conversation: list[Message], generation_prompt: bool) -> list[int]:
         text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=generation_prompt, tokenize=False)
@@ -123,6 +125,7 @@ class HFGenerator:
             items.append((ids, key))
             self.stats["prompt_tokens"] += len(ids)
             self.stats["prompt_tokens_reused"] += len(key) if key else 0
+            self.stats["prompts_over_positions"] += len(ids) > self.model.config.max_position_embeddings
         # Dialogues that continue a kept one (a few new tokens each) and dialogues encoded in
         # full never share a batch, and within each, similar lengths do: less padding. The order
         # never changes a text: each row samples from its own seed.

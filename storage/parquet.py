@@ -18,7 +18,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from storage.schema import TableSchema, get_schema
+from storage.schema import JSON_MESSAGES, MESSAGES, TableSchema, get_schema, json_messages
 
 META_NAME = b"retrosight.schema"
 META_VERSION = b"retrosight.schema_version"
@@ -144,8 +144,9 @@ def _running(pid: int) -> bool:
 def conform(table: pa.Table, ts: TableSchema, where: str = "table") -> pa.Table:
     """`table` in the exact column order and types of `ts`, stamped with its name and version.
 
-    Compatible columns are cast (e.g. polars' large_string, int64 counts into int32); anything
-    else is an error naming the column.
+    Compatible columns are cast (e.g. polars' large_string, int64 counts into int32), and chat
+    messages stored as structs are encoded as the export's JSON (storage.schema.json_messages);
+    anything else is an error naming the column.
     """
     missing = [n for n in ts.schema.names if n not in table.column_names]
     extra = [n for n in table.column_names if n not in ts.schema.names]
@@ -157,7 +158,10 @@ def conform(table: pa.Table, ts: TableSchema, where: str = "table") -> pa.Table:
         col = table.column(field.name)
         if col.type != field.type:
             try:
-                col = col.cast(field.type)
+                if field.type == JSON_MESSAGES:
+                    col = pa.chunked_array([json_messages(c) for c in col.cast(MESSAGES).chunks], JSON_MESSAGES)
+                else:
+                    col = col.cast(field.type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
                 raise ValueError(f"{where}: column {field.name!r}: cannot store {col.type} as {field.type}: {e}") from None
         if any(_has_forbidden_null(chunk, field) for chunk in col.chunks):
@@ -191,8 +195,11 @@ def schema_of(path: Path | str, metadata: dict[bytes, bytes] | None) -> TableSch
     except ValueError as e:
         raise SchemaVersionError(f"{path}: {e}") from None
     if found != str(ts.version):
+        # One version is read: an older file is written again by the stage that made it, as
+        # `retrosight run` does when the schema changes (dvc.yaml's stages depend on storage/schema.py).
+        older = "; it was written by an older build: rerun the stage (or the import) that made it" if found.isdigit() and int(found) < ts.version else ""
         raise SchemaVersionError(
-            f"{path}: {name!r} schema version {found} is not supported (this build reads version {ts.version})"
+            f"{path}: {name!r} schema version {found} is not supported (this build reads version {ts.version}){older}"
         )
     return ts
 

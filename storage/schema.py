@@ -10,7 +10,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,35 @@ def _f(name: str, typ: pa.DataType, nullable: bool = False) -> pa.Field:
     return pa.field(name, typ, nullable=nullable)
 
 
-MESSAGE = pa.struct([_f("role", pa.string()), _f("content", pa.string())])
+# OpenAI's tool call. `arguments` is the JSON object as text, as OpenAI's API carries it: a fixed
+# schema cannot type every tool's arguments (a struct over all their keys would fill each call's
+# absent keys with nulls). Chat messages hold the object itself, as transformers' chat templates and
+# TRL take it: to_table encodes it, from_table decodes it.
+TOOL_CALL = pa.struct(
+    [
+        _f("id", pa.string()),
+        _f("type", pa.string()),  # function
+        _f("function", pa.struct([_f("name", pa.string()), _f("arguments", pa.string())])),
+    ]
+)
+MESSAGE = pa.struct(
+    [
+        _f("role", pa.string()),
+        _f("content", pa.string()),
+        _f("tool_calls", pa.list_(_f("item", TOOL_CALL)), nullable=True),  # an assistant message's calls
+        _f("tool_call_id", pa.string(), nullable=True),  # a tool message: the call it answers
+        _f("name", pa.string(), nullable=True),  # a tool message: the function that answered (OpenAI allows it on any role)
+    ]
+)
+MESSAGES = pa.list_(_f("item", MESSAGE))
+# A message that lacks these keys is stored with nulls there and read back without them, so a
+# plain {role, content} message reads back as it was written.
+OPTIONAL_MESSAGE_KEYS = ("tool_calls", "tool_call_id", "name")
+# The export's messages: each the JSON of its chat message, as `datasets`' Json type stores it (the
+# arrow.json extension of a string). datasets reads them back as the chat messages themselves, where
+# it would give a struct's absent keys as None (which templates testing `'tool_calls' in message`,
+# as Llama 3's does, take for a tool call) and tool-call arguments as text.
+JSON_MESSAGES = pa.list_(_f("item", pa.json_()))
 TURN = pa.struct(
     [
         _f("turn", pa.int32()),
@@ -37,7 +68,7 @@ TURN = pa.struct(
 
 TRAJECTORIES = TableSchema(
     "trajectories",
-    1,
+    2,
     pa.schema(
         [
             _f("trajectory_id", pa.string()),
@@ -50,7 +81,7 @@ TRAJECTORIES = TableSchema(
             _f("relabel_id", pa.string(), nullable=True),
             _f("policy_id", pa.string()),
             _f("seed", pa.int64()),
-            _f("messages", pa.list_(_f("item", MESSAGE))),
+            _f("messages", MESSAGES),
             _f("turns", pa.list_(_f("item", TURN))),
             _f("return", pa.float64(), nullable=True),  # imported logs may lack it
             _f("success", pa.bool_(), nullable=True),
@@ -140,7 +171,7 @@ LABELS = TableSchema(
 
 TRAINING = TableSchema(
     "training",
-    1,
+    2,
     pa.schema(
         [
             _f("trajectory_id", pa.string()),
@@ -149,7 +180,7 @@ TRAINING = TableSchema(
             _f("source", pa.string()),
             _f("parent_id", pa.string(), nullable=True),
             _f("relabel_id", pa.string(), nullable=True),
-            _f("messages", pa.list_(_f("item", MESSAGE))),
+            _f("messages", MESSAGES),
             _f("reward", pa.float64(), nullable=True),  # labelled reward
             _f("standardized_reward", pa.float64(), nullable=True),  # Swift's weight
             _f("weight", pa.float64(), nullable=True),  # Refit's weight: reward scaled to [0, 1]
@@ -165,10 +196,10 @@ TRAINING = TableSchema(
 # conversational format) and one weight column per algorithm.
 EXPORT = TableSchema(
     "export",
-    1,
+    2,
     pa.schema(
         [
-            _f("messages", pa.list_(_f("item", MESSAGE))),
+            _f("messages", JSON_MESSAGES),
             _f("reward", pa.float64(), nullable=True),
             _f("standardized_reward", pa.float64(), nullable=True),
             _f("weight", pa.float64(), nullable=True),
@@ -197,9 +228,55 @@ def get_schema(name: str) -> TableSchema:
 
 
 def trajectory_id(row: dict) -> str:
-    """Content hash: the same trajectory always gets the same ID, so reruns write identical bytes."""
-    canonical = json.dumps({k: row[k] for k in ID_FIELDS}, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """Content hash: the same trajectory always gets the same ID, so reruns write identical bytes.
+    Messages are hashed as stored (stored_message), so a row read back hashes as it was written."""
+    fields = {k: row[k] for k in ID_FIELDS}
+    if isinstance(fields["messages"], list):
+        fields["messages"] = [stored_message(m) for m in fields["messages"]]
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def stored_message(message: dict) -> dict:
+    """A chat message as the MESSAGE struct holds it: tool-call arguments as JSON text, and the
+    optional keys that are None left out. Anything else is left as it is, for to_table's checks."""
+    if not isinstance(message, dict):
+        return message
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        message = {**message, "tool_calls": [_stored_call(c) for c in calls]}
+    return {k: v for k, v in message.items() if v is not None or k not in OPTIONAL_MESSAGE_KEYS}
+
+
+def _stored_call(call: object) -> object:
+    function = call.get("function") if isinstance(call, dict) else None
+    if isinstance(function, dict) and isinstance(function.get("arguments"), dict):
+        arguments = json.dumps(function["arguments"], ensure_ascii=False, separators=(",", ":"))
+        return {**call, "function": {**function, "arguments": arguments}}
+    return call
+
+
+def chat_message(stored: dict | str) -> dict:
+    """A MESSAGE struct value (or an export's JSON text) read back as the chat message that was
+    written: the optional keys it did not have left out, tool-call arguments as the JSON object again."""
+    if isinstance(stored, str):
+        return json.loads(stored)
+    message = {k: v for k, v in stored.items() if v is not None or k not in OPTIONAL_MESSAGE_KEYS}
+    if "tool_calls" in message:
+        message["tool_calls"] = [
+            {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}} for c in message["tool_calls"]
+        ]
+    return message
+
+
+def from_table(table) -> list[dict]:
+    """The rows of a table (pyarrow, or a polars DataFrame) as python dicts, their messages as
+    chat messages (chat_message): to_table's inverse, and where every stage turns rows into chats."""
+    rows = table.to_pylist() if isinstance(table, pa.Table) else table.to_dicts()
+    for row in rows:
+        if "messages" in row:
+            row["messages"] = [chat_message(m) for m in row["messages"]]
+    return rows
 
 
 def to_table(rows: list[dict], name: str) -> pa.Table:
@@ -207,23 +284,64 @@ def to_table(rows: list[dict], name: str) -> pa.Table:
 
     pyarrow alone would accept some mismatches silently (1.5 into an int column becomes 1,
     null in a non-nullable struct field), so each value is checked and the first bad one is
-    reported by row index and column.
+    reported by row index and column. Messages are stored as stored_message gives them, or as
+    JSON (message_json) in a JSON_MESSAGES column, after the same checks.
     """
     schema = get_schema(name).schema
     columns = set(schema.names)
+    if "messages" in columns:
+        rows = [_with_messages(row, stored_message) for row in rows]
     for i, row in enumerate(rows):
         extra = sorted(set(row) - columns)
         if extra:
             raise ValueError(f"{name} row {i}: unknown column {extra[0]!r}")
         for field in schema:
-            problem = _check(row.get(field.name), field.type, field.nullable)
+            problem = check_value(row.get(field.name), MESSAGES if field.type == JSON_MESSAGES else field.type, field.nullable)
             if problem:
                 path, reason = problem
                 raise ValueError(f"{name} row {i}, column {field.name!r}{path}: {reason}")
+    if "messages" in columns and schema.field("messages").type == JSON_MESSAGES:
+        for i, row in enumerate(rows):
+            try:
+                rows[i] = _with_messages(row, lambda m: message_json(chat_message(m)))
+            except ValueError as e:  # arguments given as text that is not JSON
+                raise ValueError(f"{name} row {i}, column 'messages': tool-call arguments that are not JSON ({e})") from None
+        # pyarrow builds no extension type from python values: the JSON goes in as strings.
+        storage = schema.set(schema.get_field_index("messages"), schema.field("messages").with_type(pa.list_(_f("item", pa.string()))))
+        return pa.Table.from_pylist(rows, schema=storage).cast(schema)
     return pa.Table.from_pylist(rows, schema=schema)
 
 
-def _check(value: Any, typ: pa.DataType, nullable: bool) -> tuple[str, str] | None:
+def _with_messages(row: dict, convert) -> dict:
+    messages = row.get("messages")
+    return {**row, "messages": [convert(m) for m in messages]} if isinstance(messages, list) else row
+
+
+def message_json(message: dict) -> str:
+    """A chat message's JSON, as an export holds it."""
+    return json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+
+
+def json_messages(messages: pa.Array) -> pa.Array:
+    """A MESSAGES array as the export's JSON_MESSAGES, the same messages. polars encodes the
+    {role, content} ones; those with tool keys (a few per CarDealer turn) are encoded one by one."""
+    if isinstance(messages, pa.ChunkedArray):
+        messages = messages.combine_chunks()
+    items = messages.flatten()
+    text = pl.from_arrow(pa.table({"role": items.field("role"), "content": items.field("content")}))
+    text = text.select(pl.struct("role", "content").struct.json_encode()).to_series().to_arrow().cast(pa.string())
+    keyed = np.zeros(len(items), dtype=bool)
+    for key in OPTIONAL_MESSAGE_KEYS:
+        keyed |= items.field(key).is_valid().to_numpy(zero_copy_only=False)
+    if keyed.any():
+        at = np.flatnonzero(keyed)
+        encoded = [message_json(chat_message(m)) for m in items.take(pa.array(at)).to_pylist()]
+        text = pc.replace_with_mask(text, pa.array(keyed), pa.array(encoded, pa.string()))
+    offsets = pc.subtract(messages.offsets, messages.offsets[0])
+    return pa.ListArray.from_arrays(offsets, pa.ExtensionArray.from_storage(pa.json_(), text), type=JSON_MESSAGES)
+
+
+def check_value(value: Any, typ: pa.DataType, nullable: bool) -> tuple[str, str] | None:
     """Where inside `value` (e.g. "[2].content") and why it does not fit `typ`; None if it does."""
     if value is None:
         return None if nullable else ("", "null in a non-nullable field")
@@ -240,7 +358,7 @@ def _check(value: Any, typ: pa.DataType, nullable: bool) -> tuple[str, str] | No
         if not isinstance(value, (list, tuple)):
             return "", f"expected a list, got {type(value).__name__}"
         for j, item in enumerate(value):
-            problem = _check(item, typ.value_type, typ.value_field.nullable)
+            problem = check_value(item, typ.value_type, typ.value_field.nullable)
             if problem:
                 return f"[{j}]{problem[0]}", problem[1]
         return None
@@ -252,7 +370,7 @@ def _check(value: Any, typ: pa.DataType, nullable: bool) -> tuple[str, str] | No
         if extra:
             return "", f"unknown key {extra[0]!r}"
         for field in typ:
-            problem = _check(value.get(field.name), field.type, field.nullable)
+            problem = check_value(value.get(field.name), field.type, field.nullable)
             if problem:
                 return f".{field.name}{problem[0]}", problem[1]
         return None

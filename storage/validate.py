@@ -9,9 +9,10 @@ first (nothing else can be read from such a row), then the checks every schema g
 schema's own rules, then duplicate keys among the rows still kept.
 
 Checks are vectorised over each column (nested lists flattened once), BATCH_ROWS rows at a
-time; Python loops only over the problems found and the trajectory content hashes (one SHA-256
-per row over JSON polars writes). scan_checked can spread a big file's batches over worker
-processes (CheckPool). 10,000 collected trajectories (343k messages) take about 0.4 s
+time; Python loops only over the problems found, the trajectory content hashes (one SHA-256
+per row over JSON polars writes), tool calls' arguments (one json.loads each) and an export's
+messages (JSON text). scan_checked can spread a big file's batches over worker processes
+(CheckPool). 10,000 collected trajectories (343k messages) take about 0.4 s
 on top of the 0.2 s read.
 """
 from __future__ import annotations
@@ -33,38 +34,54 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage.parquet import SchemaVersionError, read_table, schema_of, write_table
-from storage.schema import ID_FIELDS, TableSchema, get_schema, to_table, trajectory_id
+from storage.schema import (
+    ID_FIELDS,
+    MESSAGE,
+    MESSAGES,
+    OPTIONAL_MESSAGE_KEYS,
+    TableSchema,
+    check_value,
+    get_schema,
+    stored_message,
+    to_table,
+    trajectory_id,
+)
 
 MAX_TEXT_CHARS = 100_000  # per string value (one message, one action, one summary)
 RAW_CHARS = 2_000  # of a quarantined row's JSON: enough to see what was wrong without copying a huge row
 BATCH_ROWS = 10_000  # rows checked at a time, so flattened nested columns stay small
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("train", "val", "test")
 SOURCES = ("policy", "import", "regeneration")
 STATUSES = ("ok", "invalid", "failed")  # tasks.roles.Outcome: unparseable after retries, or no answer
 STANDARDIZE_STATUSES = ("ok", "tied", "singleton", "no_reward")
 RELABEL_MODES = ("hope", "hr")
 
+CALLS = "assistant with tool_calls"  # what came before, when it was an assistant message making tool calls
 # The chat format's role order: optional leading system messages, then user and assistant
-# alternating, starting with user. Keyed by the previous role (None: the first message).
+# alternating, starting with user; an assistant message with tool_calls is answered by tool
+# messages (its calls' results) before the assistant goes on. Keyed by the previous message's
+# role, or CALLS (None: the first message).
 NEXT_ROLES: dict[str | None, tuple[str, ...]] = {
     None: ("system", "user"),
     "system": ("system", "user"),
     "user": ("assistant",),
     "assistant": ("user",),
+    CALLS: ("tool",),
+    "tool": ("tool", "assistant"),
 }
 
 Problem = tuple[int, str, str]  # (row, field path, reason)
 
 
 def role_order_error(previous: str | None, role: str) -> str | None:
-    """Why `role` may not follow `previous` (None: it is the first message); None if it may."""
+    """Why `role` may not follow `previous` (a role, CALLS, or None: it is the first message); None if it may."""
     expected = NEXT_ROLES[previous]
     if role in expected:
         return None
-    where = "first" if previous is None else f"after {previous!r}"
-    hint = " (system messages may only come first)" if role == "system" else ""
+    where = "first" if previous is None else "after an assistant message with tool_calls" if previous == CALLS else f"after {previous!r}"
+    hint = {"system": " (system messages may only come first)", "tool": " (tool messages answer an assistant message's tool_calls)"}.get(role, "")
     return f"expected {' or '.join(map(repr, expected))} {where}, got {role!r}{hint}"
 
 
@@ -414,8 +431,11 @@ def row_json(table: pa.Table, rows: list[int]) -> list[str]:
     if not rows:
         return []
     # Strings read as bytes, so a row with invalid UTF-8 can still be shown.
-    taken = table.take(pa.array(rows, pa.int64())).cast(_as_binary(table.schema))
-    return [json.dumps(row, ensure_ascii=False, default=_decode)[:RAW_CHARS] for row in taken.to_pylist()]
+    taken = table.take(pa.array(rows, pa.int64())).cast(_as_binary(table.schema)).to_pylist()
+    for row in taken:
+        if isinstance(row.get("messages"), list):  # shown as written: without the optional keys it left out
+            row["messages"] = [{k: v for k, v in m.items() if v is not None or k not in OPTIONAL_MESSAGE_KEYS} if isinstance(m, dict) else m for m in row["messages"]]
+    return [json.dumps(row, ensure_ascii=False, default=_decode)[:RAW_CHARS] for row in taken]
 
 
 # --- per-schema rules --------------------------------------------------------------------------
@@ -446,23 +466,93 @@ class _Node:
 
 
 def _messages_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
-    """messages non-empty, in the chat format's role order, with at least one assistant message."""
+    """messages non-empty, in the chat format's role order, with at least one assistant message;
+    tool calls only on assistant messages, each answered by one tool message right after it."""
     lengths = _np(pc.list_value_length(batch.column("messages")), fill=-1)
     yield from _flag(lengths == 0, "messages", "empty list")
     roles = nodes["messages[].role"]
     codes = _role_codes(roles)
+    calls, call_id = nodes["messages[].tool_calls"], nodes["messages[].tool_call_id"]
+    has_calls = _np(calls.values.is_valid())
+    n_calls = _np(pc.list_value_length(calls.values), fill=0)
+    assistant, tool = codes == ROLES.index("assistant"), codes == ROLES.index("tool")
+    yield from _where(calls, has_calls & ~assistant, "set on a non-assistant message (only the assistant makes tool calls)")
+    yield from _where(calls, has_calls & assistant & (n_calls == 0), "empty list (an assistant message without calls has no tool_calls)")
+    answers = _np(call_id.values.is_valid())
+    yield from _where(call_id, answers & ~tool, "set on a non-tool message (it names the call a tool message answers)")
+    yield from _where(call_id, ~answers & tool, "null on a tool message (it names the call it answers)")
+    states = np.where(assistant & has_calls, len(ROLES), codes)  # len(ROLES): CALLS
     position = roles.index[-1]
-    previous = np.where(position == 0, len(ROLES), np.roll(codes, 1))  # len(ROLES): nothing yet
+    previous = np.where(position == 0, len(ROLES) + 1, np.roll(states, 1))  # len(ROLES) + 1: nothing yet
     known = (codes >= 0) & (previous >= 0)  # unknown roles are reported by the enum check
     wrong = np.zeros(len(codes), dtype=bool)
     wrong[known] = ~_ALLOWED[previous[known], codes[known]]
     for k in np.flatnonzero(wrong):
-        before = None if previous[k] == len(ROLES) else ROLES[previous[k]]
-        yield int(roles.rows[k]), roles.path(k), role_order_error(before, ROLES[codes[k]])
+        yield int(roles.rows[k]), roles.path(k), role_order_error(_STATES[previous[k]], ROLES[codes[k]])
     yield from _flag((lengths > 0) & (_assistants(batch, nodes) == 0), "messages", "no assistant message")
+    if has_calls.any() or tool.any():
+        yield from _arguments(nodes)
+        yield from _answers(batch, nodes, states, tool & answers & ~wrong)
 
 
-_ALLOWED = np.array([[role in NEXT_ROLES[prev] for role in ROLES] for prev in (*ROLES, None)])
+_STATES = (*ROLES, CALLS, None)  # a message's state code: its role's index, len(ROLES) for CALLS
+_ALLOWED = np.array([[role in NEXT_ROLES[prev] for role in ROLES] for prev in _STATES])
+
+
+def _arguments(nodes: dict[str, _Node]) -> Iterator[Problem]:
+    """Each tool call's arguments: the text of a JSON object (one json.loads per call)."""
+    node = nodes["messages[].tool_calls[].function.arguments"]
+    for k, text in enumerate(node.values.to_pylist()):
+        if text is None:
+            continue  # reported by the null check
+        try:
+            value = json.loads(text)
+        except ValueError as e:
+            yield int(node.rows[k]), node.path(k), f"not JSON ({e})"
+            continue
+        if not isinstance(value, dict):
+            yield int(node.rows[k]), node.path(k), f"JSON {type(value).__name__}, expected an object"
+
+
+_CALL_KEYS = {"at": pl.Int64, "id": pl.String, "k": pl.Int64}  # the assistant message, the call's id, the element
+
+
+def _taken(node: _Node, at: np.ndarray) -> list:
+    return node.values.take(pa.array(at, pa.int64())).to_pylist()
+
+
+def _answers(batch: pa.RecordBatch, nodes: dict[str, _Node], states: np.ndarray, answering: np.ndarray) -> Iterator[Problem]:
+    """Every call answered by exactly one of the tool messages right after its assistant message,
+    each naming (tool_call_id) one of its calls, and the call's function when it names one.
+    `answering`: the tool messages in the role order, with a tool_call_id."""
+    ids, call_name = nodes["messages[].tool_calls[].id"], nodes["messages[].tool_calls[].function.name"]
+    call_id, name = nodes["messages[].tool_call_id"], nodes["messages[].name"]
+    # A message's index among the batch's messages; a call's message, from its row and position.
+    lengths = _np(pc.list_value_length(batch.column("messages")), fill=0)
+    first = np.cumsum(lengths) - lengths
+    call_message = first[ids.rows] + ids.index[0]
+    # The role order puts a tool message after its assistant message and other tool messages only,
+    # so the last assistant message with calls before it is the one it answers.
+    is_calls = states == len(ROLES)
+    opened = np.maximum.accumulate(np.where(is_calls, np.arange(len(states)), -1))
+    calls = np.flatnonzero(is_calls[call_message])  # calls on other messages are reported already
+    made = pl.DataFrame(
+        {"at": call_message[calls], "id": _taken(ids, calls), "k": calls, "function": _taken(call_name, calls)}, schema={**_CALL_KEYS, "function": pl.String}
+    ).filter(pl.col("id").is_not_null())
+    tools = np.flatnonzero(answering)
+    given = pl.DataFrame({"at": opened[tools], "id": _taken(call_id, tools), "k": tools, "name": _taken(name, tools)}, schema={**_CALL_KEYS, "name": pl.String})
+    for k, i in made.filter(pl.col("k") != pl.col("k").first().over("at", "id")).select("k", "id").iter_rows():
+        yield int(ids.rows[k]), ids.path(k), f"{i!r} is the id of another call of this message"
+    listed = made.group_by("at").agg(pl.col("id").unique(maintain_order=True).alias("ids"))
+    for k, i, known in given.join(made, on=["at", "id"], how="anti").join(listed, on="at", how="left").select("k", "id", "ids").iter_rows():
+        yield int(call_id.rows[k]), call_id.path(k), f"{i!r} is not the id of a call of the assistant message it follows (its calls: {', '.join(known or [])})"
+    for k, i in given.filter(pl.col("k") != pl.col("k").first().over("at", "id")).select("k", "id").iter_rows():
+        yield int(call_id.rows[k]), call_id.path(k), f"a second answer to call {i!r}"
+    for k, i in made.join(given, on=["at", "id"], how="anti").select("k", "id").iter_rows():
+        yield int(ids.rows[k]), ids.path(k), f"call {i!r} is not answered by a tool message after it"
+    named = given.filter(pl.col("name").is_not_null()).join(made, on=["at", "id"]).filter(pl.col("name") != pl.col("function"))
+    for k, n, i, f in named.select("k", "name", "id", "function").iter_rows():
+        yield int(name.rows[k]), name.path(k), f"{n!r}, but call {i!r} is to {f!r}"
 
 
 def _role_codes(roles: _Node) -> np.ndarray:
@@ -503,7 +593,10 @@ def _hash_mismatches(batch: pa.RecordBatch) -> Iterator[Problem]:
 
     polars writes the same canonical JSON (sorted keys, no spaces, UTF-8 as is) about ten times
     faster than json.dumps over to_pylist; trajectory_id itself rehashes any row that differs
-    and has the last word, so an encoding difference can cost time but never a good row.
+    and has the last word, so an encoding difference can cost time but never a good row. The
+    JSON is that of {role, content} messages: a row with tool messages, whose canonical JSON
+    leaves out the keys a message lacks, is rehashed (about 0.13 ms a CarDealer row), as
+    encoding the optional keys here would triple the time of every other row.
     """
     if not batch.num_rows:
         return
@@ -548,14 +641,51 @@ def _label_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Pro
     yield from _flag(~ok & _blank(batch.column("reason")), "reason", "empty on a row whose status is not 'ok' (it must say why)")
 
 
-def _weight_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
-    yield from _messages_rules(batch, nodes)
+def _weight_rules(batch: pa.RecordBatch) -> Iterator[Problem]:
     weight = _np(batch.column("weight"), fill=0.0)
     yield from _flag((weight < 0) | (weight > 1), "weight", lambda r: f"{weight[r]} is outside [0, 1] (Refit's weight is the reward scaled to [0, 1])")
 
 
+def _export_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    """The training table's message rules on the export's JSON messages, decoded one by one
+    (json.loads each: no stage reads an export, so this is for files a user checks or edits)."""
+    decoded = []
+    for r, texts in enumerate(batch.column("messages").to_pylist()):
+        try:
+            decoded.append([_json_message(text, k) for k, text in enumerate(texts)])
+        except _BadMessage as e:
+            decoded.append(None)
+            yield r, *e.args
+    messages = pa.record_batch([pa.array(decoded, MESSAGES)], names=["messages"])
+    inner = _nodes(messages)
+    rules = Rules(text=MESSAGE_TEXT, enums=MESSAGE_ENUMS)
+    for check in (_nulls(inner), _enums(inner, rules), _blanks(inner, rules), _messages_rules(messages, inner)):
+        yield from check
+    yield from _weight_rules(batch)
+
+
+class _BadMessage(Exception):
+    """(field path, reason) of an export message that is not a chat message."""
+
+
+def _json_message(text: str, k: int) -> dict:
+    """The stored form (storage.schema.stored_message) of the export's message `text`, number k."""
+    try:
+        message = json.loads(text)
+    except ValueError as e:
+        raise _BadMessage(f"messages[{k}]", f"not JSON ({e})") from None
+    if not isinstance(message, dict):
+        raise _BadMessage(f"messages[{k}]", f"JSON {type(message).__name__}, expected a message object")
+    message = stored_message(message)
+    problem = check_value(message, MESSAGE, False)
+    if problem:
+        raise _BadMessage(f"messages[{k}]{problem[0]}", problem[1])
+    return message
+
+
 def _training_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
-    yield from _weight_rules(batch, nodes)
+    yield from _messages_rules(batch, nodes)
+    yield from _weight_rules(batch)
     size = _np(batch.column("group_size"), fill=0)
     yield from _flag(size < 0, "group_size", lambda r: f"{size[r]} is negative")
     unrewarded = _np(pc.equal(batch.column("standardize_status"), "no_reward"), fill=False)
@@ -565,12 +695,16 @@ def _training_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[
         yield from _flag(unrewarded & given, name, "set on a row whose standardize_status is 'no_reward'")
 
 
-MESSAGE_TEXT = ("messages[].role", "messages[].content")
+MESSAGE_TEXT = (
+    "messages[].role", "messages[].content", "messages[].tool_calls[].id", "messages[].tool_calls[].function.name",
+    "messages[].tool_calls[].function.arguments", "messages[].tool_call_id", "messages[].name",
+)
+MESSAGE_ENUMS = {"messages[].role": ROLES, "messages[].tool_calls[].type": ("function",)}
 RULES: dict[str, Rules] = {
     "trajectories": Rules(
         key="trajectory_id",
         text=("trajectory_id", "env", "task_id", "split", "source", "policy_id", *MESSAGE_TEXT),
-        enums={"split": SPLITS, "source": SOURCES, "messages[].role": ROLES},
+        enums={"split": SPLITS, "source": SOURCES, **MESSAGE_ENUMS},
         rows=_trajectory_rules,
     ),
     "summaries": Rules(
@@ -594,14 +728,14 @@ RULES: dict[str, Rules] = {
     "training": Rules(
         key="trajectory_id",
         text=("trajectory_id", "task_id", "split", "source", "standardize_status", *MESSAGE_TEXT),
-        enums={"split": SPLITS, "source": SOURCES, "standardize_status": STANDARDIZE_STATUSES, "messages[].role": ROLES},
+        enums={"split": SPLITS, "source": SOURCES, "standardize_status": STANDARDIZE_STATUSES, **MESSAGE_ENUMS},
         rows=_training_rules,
     ),
     "export": Rules(
         key="trajectory_id",
-        text=("trajectory_id", "task_id", "source", *MESSAGE_TEXT),
-        enums={"source": SOURCES, "messages[].role": ROLES},
-        rows=_weight_rules,
+        text=("trajectory_id", "task_id", "source"),
+        enums={"source": SOURCES},
+        rows=_export_rules,
     ),
     "quarantine": Rules(text=("source_file", "field", "reason")),
 }
@@ -685,6 +819,8 @@ def _nodes(batch: pa.RecordBatch) -> dict[str, _Node]:
     out: dict[str, _Node] = {}
 
     def walk(name: str, f: pa.Field, values: pa.Array, rows: np.ndarray, index: tuple[np.ndarray, ...]) -> None:
+        if isinstance(f.type, pa.ExtensionType):  # checked as what it is stored as (an export's JSON: text)
+            f, values = f.with_type(f.type.storage_type), values.storage
         out[name] = _Node(name, f, values, rows, index)
         if pa.types.is_list(f.type) or pa.types.is_large_list(f.type):
             lengths = _np(pc.list_value_length(values), fill=0)

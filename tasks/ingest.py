@@ -15,10 +15,11 @@ import pyarrow.parquet as pq
 
 from storage.parquet import META_NAME, write_table
 from storage.schema import to_table, trajectory_id
-from storage.validate import RAW_CHARS, ROLES, SPLITS, invalid_utf8, role_order_error, row_json
+from storage.validate import RAW_CHARS, SPLITS, invalid_utf8, role_order_error, row_json
 
 KEYS = ("messages", "task_id", "env", "split", "policy_id", "seed", "return", "success", "turns")
 TURN_KEYS = ("turn", "reason", "action", "observation", "reward")
+ROLES = ("system", "user", "assistant")  # messages are imported as {role, content}: no tool calls, so no tool results
 INT32, INT64 = 2**31, 2**63
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from envs.base import Environment
 from storage.parquet import write_table
-from storage.schema import to_table
+from storage.schema import from_table, to_table
 from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.plots import histogram, write_plot
@@ -119,7 +119,7 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
     t0 = time.time()
     role = params.roles.labeler
     inputs = StageInputs()
-    trajs = [t for path in trajectory_files for t in inputs.read(path, "trajectories").to_pylist()]
+    trajs = [t for path in trajectory_files for t in from_table(inputs.read(path, "trajectories"))]
     ids = Counter(t["trajectory_id"] for t in trajs)
     dup = next((i for i, c in ids.items() if c > 1), None)
     if dup:

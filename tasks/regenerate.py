@@ -19,7 +19,7 @@ from pathlib import Path
 from envs.base import Environment
 from models.base import SamplingParams
 from storage.parquet import write_table
-from storage.schema import to_table
+from storage.schema import from_table, to_table
 from storage.validate import StageInputs, row_json
 from tasks.params import Params
 from tasks.roles import account, call_requests, check_failure_rate, generation_stats, make_generator, policy_generator
@@ -74,7 +74,7 @@ def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir
     t0 = time.time()
     g, env = params.regenerate, params.env.environment()
     inputs = StageInputs()
-    parents = {t["trajectory_id"]: t for t in inputs.read(trajectories, "trajectories").to_pylist()}
+    parents = {t["trajectory_id"]: t for t in from_table(inputs.read(trajectories, "trajectories"))}
     relabel_table = inputs.read(relabels, "relabels")
     # A relabel whose trajectory is not there (never logged, or quarantined above) has no
     # prefix to splice into: quarantined too, naming the trajectory.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from envs.base import Counterfactual, fraction_window
 from storage.parquet import write_table
-from storage.schema import to_table
+from storage.schema import from_table, to_table
 from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.roles import account, call_requests, check_failure_rate, make_generator
@@ -37,7 +37,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
     llm = role.backend != "oracle"
     inputs = StageInputs()
     summary_of = {s["trajectory_id"]: s["summary"] for s in inputs.read(summaries, "summaries").to_pylist() if s["status"] == "ok"}
-    trajs = [t for t in inputs.read(trajectories, "trajectories").to_pylist() if t["split"] in r.splits]
+    trajs = [t for t in from_table(inputs.read(trajectories, "trajectories")) if t["split"] in r.splits]
     keys = ("trajectories_relabelled", "skipped_no_summary", "empty_window", "no_place_to_improve", "timesteps", "proposed", "dropped_equal", "dropped_duplicate")
     counts = defaultdict(int, trajectories_in=len(trajs), **dict.fromkeys(keys, 0))
     by_task: dict[str, list[dict]] = defaultdict(list)

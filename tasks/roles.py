@@ -186,7 +186,7 @@ def policy_generator(params: Params, model: str | Path | None = None, batch_size
 
 def generation_stats(gen: Generator) -> dict:
     """What a stage reports of its generator: cache hits and misses, and the hf backend's reuse
-    of prompt tokens between turns."""
+    of prompt tokens between turns and prompts longer than the model's positions."""
     out = {}
     if isinstance(gen, CachedGenerator):
         out["cache"] = {k: round(v, 2) if isinstance(v, float) else v for k, v in gen.cache_stats.items()}

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from storage.parquet import write_table
-from storage.schema import to_table
+from storage.schema import from_table, to_table
 from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.roles import account, call_requests, check_failure_rate, make_generator
@@ -24,7 +24,7 @@ def run_summarize(params: Params, trajectories: Path, out_dir: Path) -> dict:
     t0 = time.time()
     env, role = params.env.environment(), params.roles.summarizer
     inputs = StageInputs()
-    trajs = inputs.read(trajectories, "trajectories").to_pylist()
+    trajs = from_table(inputs.read(trajectories, "trajectories"))
     metrics: dict = {}
     if role.backend == "oracle":
         version = env.oracle_version("summarizer")

@@ -14,7 +14,7 @@ from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.env import Scripted
 from envs.twenty_questions.policies import NoisyPolicy
 from storage.parquet import META_NAME, META_VERSION, write_table
-from storage.schema import MESSAGE, SCHEMAS, get_schema, to_table, trajectory_id
+from storage.schema import MESSAGE, OPTIONAL_MESSAGE_KEYS, SCHEMAS, get_schema, to_table, trajectory_id
 from storage.validate import RAW_CHARS, check_rows, read_checked
 from tasks.params import Params
 from tasks.regenerate import splice_all
@@ -33,10 +33,35 @@ TURNS = [
     {"turn": 0, "reason": "Start broad.", "action": "Is it an animal?", "observation": "yes", "reward": -1.0},
     {"turn": 1, "reason": "Only Dog fits.", "action": "Is it Dog?", "observation": "yes", "reward": 0.0},
 ]
+# A seller's API call, its result and its reply, as CarDealer logs them (two actions, as TURNS).
+CALL = {"id": "call_0", "type": "function", "function": {"name": "search_car_by_brand_type", "arguments": {"car_brand": "Kia", "car_type": "SUV"}}}
+TOOL_MESSAGES = [
+    {"role": "system", "content": "You sell cars."},
+    {"role": "user", "content": "Hello, I am looking for a car."},
+    {"role": "assistant", "content": "REASON: Kia SUVs.\nAPI NAME: search_car_by_brand_type", "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_0", "name": "search_car_by_brand_type", "content": "1. brand=Kia, type=SUV, msrp=$40000"},
+    {"role": "assistant", "content": "REASON: It fits.\nRESPONSE: How about this Kia?\nCAR INDEX: 1"},
+    {"role": "user", "content": "I will take it. Decision=Accept, Buy_Price=$40000"},
+]
 
 
-def with_message(i: int, **change) -> list[dict]:
-    return [{**m, **change} if j == i else m for j, m in enumerate(MESSAGES)]
+def with_message(i: int, base: list[dict] = MESSAGES, **change) -> list[dict]:
+    return [{**m, **change} if j == i else m for j, m in enumerate(base)]
+
+
+def with_call(**change) -> list[dict]:
+    """TOOL_MESSAGES with the call changed (`function` keys are the function's)."""
+    call = {**CALL, **{k: v for k, v in change.items() if k in CALL}, "function": {**CALL["function"], **change.get("function", {})}}
+    return with_message(2, TOOL_MESSAGES, tool_calls=[call])
+
+
+def as_shown(row: dict) -> dict:
+    """A row as a quarantined row's raw JSON shows it: stored, without the message keys it left out
+    (an export's messages are JSON text)."""
+    if "messages" not in row:
+        return row
+    return {**row, "messages": [{k: v for k, v in m.items() if v is not None or k not in OPTIONAL_MESSAGE_KEYS} if isinstance(m, dict) else m
+                                for m in row["messages"]]}
 
 
 def with_turn(i: int, **change) -> list[dict]:
@@ -135,6 +160,11 @@ def test_good_tables_keep_every_row_in_order(tmp_path, name):
     rows = [GOOD[name](i) for i in range(3)]
     if name == "trajectories":
         rows += [regeneration(3), traj(4, messages=with_message(2, content="é" * 60_000))]  # 120 kB, 60,000 characters
+        # Tool calls: one, and two in one message answered in the other order.
+        second = {**CALL, "id": "call_1", "function": {"name": "search_car_by_brand", "arguments": {"car_brand": "Kia"}}}
+        two = [*TOOL_MESSAGES[:2], {**TOOL_MESSAGES[2], "tool_calls": [CALL, second]}, {**TOOL_MESSAGES[3], "tool_call_id": "call_1", "name": "search_car_by_brand"},
+               TOOL_MESSAGES[3], *TOOL_MESSAGES[4:]]
+        rows += [traj(5, messages=TOOL_MESSAGES), traj(6, messages=two)]
     kept, quarantine = checked(write(tmp_path / "t.parquet", name, rows), name)
     assert quarantine.num_rows == 0
     assert kept.to_pylist() == to_table(rows, name).to_pylist()
@@ -169,7 +199,7 @@ ROW_FAULTS = {
     # trajectories
     "empty messages": (T, traj(1, messages=[], turns=[], num_turns=0), "messages", r"^empty list$"),
     "no assistant message": (T, traj(1, messages=MESSAGES[:2], turns=[], num_turns=0), "messages", r"^no assistant message$"),
-    "unknown role": (T, traj(1, messages=with_message(1, role="tool")), "messages[1].role", r"^'tool' is not one of system, user, assistant$"),
+    "unknown role": (T, traj(1, messages=with_message(1, role="function")), "messages[1].role", r"^'function' is not one of system, user, assistant, tool$"),
     "assistant first": (T, traj(1, messages=MESSAGES[2:]), "messages[0].role", r"^expected 'system' or 'user' first, got 'assistant'$"),
     "system later": (T, traj(1, messages=with_message(3, role="system")), "messages[3].role", r"^expected 'user' after 'assistant', got 'system' \(system messages may only come first\)$"),
     "two user messages": (T, traj(1, messages=with_message(2, role="user")), "messages[2].role", r"^expected 'assistant' after 'user', got 'user'$"),
@@ -192,6 +222,36 @@ ROW_FAULTS = {
     "branch past the end": (T, regeneration(1, branch_turn=2), "branch_turn", r"^2 is outside 0\.\.1"),
     "edited by hand": (T, edited, "trajectory_id", rf"^'{edited['trajectory_id']}' is not the content hash of the row \('[0-9a-f]{{16}}'\)"),
     "duplicate trajectory": (T, traj(0), "trajectory_id", rf"^duplicate of row 0 \(same trajectory_id '{traj(0)['trajectory_id']}'\)$"),
+    # trajectories with tool calls
+    "tool result after a plain reply": (T, traj(1, messages=with_message(2, TOOL_MESSAGES, tool_calls=None)), "messages[3].role",
+                                        r"^expected 'user' after 'assistant', got 'tool' \(tool messages answer an assistant message's tool_calls\)$"),
+    "call without its result": (T, traj(1, messages=TOOL_MESSAGES[:3] + TOOL_MESSAGES[4:]), "messages[3].role",
+                                r"^expected 'tool' after an assistant message with tool_calls, got 'assistant'$"),
+    "call at the end": (T, traj(1, messages=TOOL_MESSAGES[:3], turns=TURNS[:1], num_turns=1), "messages[2].tool_calls[0].id",
+                        r"^call 'call_0' is not answered by a tool message after it$"),
+    "result naming another call": (T, traj(1, messages=with_message(3, TOOL_MESSAGES, tool_call_id="call_9")), "messages[3].tool_call_id",
+                                   r"^'call_9' is not the id of a call of the assistant message it follows \(its calls: call_0\)$"),
+    "result naming no call": (T, traj(1, messages=with_message(3, TOOL_MESSAGES, tool_call_id=None)), "messages[3].tool_call_id",
+                              r"^null on a tool message \(it names the call it answers\)$"),
+    "two results for one call": (T, traj(1, messages=TOOL_MESSAGES[:4] + TOOL_MESSAGES[3:]), "messages[4].tool_call_id", r"^a second answer to call 'call_0'$"),
+    "two calls, one id": (T, traj(1, messages=with_message(2, TOOL_MESSAGES, tool_calls=[CALL, CALL])), "messages[2].tool_calls[1].id",
+                          r"^'call_0' is the id of another call of this message$"),
+    "result named for another function": (T, traj(1, messages=with_message(3, TOOL_MESSAGES, name="search_car_by_type")), "messages[3].name",
+                                          r"^'search_car_by_type', but call 'call_0' is to 'search_car_by_brand_type'$"),
+    "tool_call_id on a user message": (T, traj(1, messages=with_message(5, TOOL_MESSAGES, tool_call_id="call_0")), "messages[5].tool_call_id",
+                                       r"^set on a non-tool message"),
+    "tool calls on a user message": (T, traj(1, messages=with_message(1, TOOL_MESSAGES, tool_calls=[CALL])), "messages[1].tool_calls",
+                                     r"^set on a non-assistant message \(only the assistant makes tool calls\)$"),
+    "empty tool_calls": (T, traj(1, messages=with_message(4, TOOL_MESSAGES, tool_calls=[])), "messages[4].tool_calls", r"^empty list"),
+    "arguments not JSON": (T, traj(1, messages=with_call(function={"arguments": '{"car_brand": "Kia"'})), "messages[2].tool_calls[0].function.arguments",
+                           r"^not JSON \(Expecting ',' delimiter"),
+    "arguments not an object": (T, traj(1, messages=with_call(function={"arguments": '["Kia", "SUV"]'})), "messages[2].tool_calls[0].function.arguments",
+                                r"^JSON list, expected an object$"),
+    "blank function name": (T, traj(1, messages=with_call(function={"name": " "})), "messages[2].tool_calls[0].function.name", r"^empty string$"),
+    "unknown call type": (T, traj(1, messages=with_call(type="code")), "messages[2].tool_calls[0].type", r"^'code' is not one of function$"),
+    "blank call id": (T, traj(1, messages=with_call(id="")), "messages[2].tool_calls[0].id", r"^empty string$"),
+    "tool row edited by hand": (T, {**traj(1, messages=TOOL_MESSAGES), "messages": with_call(function={"arguments": {"car_brand": "Kia"}})},
+                                "trajectory_id", r"is not the content hash of the row"),
     # summaries
     "duplicate summary": (S, summary(0), "trajectory_id", r"^duplicate of row 0 \(same trajectory_id 't0'\)$"),
     "unknown summary status": (S, summary(1, status="done"), "status", r"^'done' is not one of ok, invalid, failed$"),
@@ -229,10 +289,12 @@ ROW_FAULTS = {
     "ok without standardized reward": (TR, training(1, standardized_reward=None), "standardized_reward", r"^null on a row whose standardize_status is not 'no_reward'$"),
     "training messages empty": (TR, training(1, messages=[]), "messages", r"^empty list$"),
     "training role order": (TR, training(1, messages=with_message(1, role="assistant")), "messages[1].role", r"^expected 'system' or 'user' after 'system', got 'assistant'$"),
+    "training call without its result": (TR, training(1, messages=TOOL_MESSAGES[:3] + TOOL_MESSAGES[4:]), "messages[3].role", r"^expected 'tool' after"),
     "duplicate training row": (TR, training(0), "trajectory_id", r"^duplicate of row 0"),
     # export
     "inf export reward": (E, export(1, reward=float("inf")), "reward", r"^inf is not a finite number$"),
     "export role order": (E, export(1, messages=with_message(5, role="assistant")), "messages[5].role", r"^expected 'user' after 'assistant', got 'assistant'$"),
+    "export result naming another call": (E, export(1, messages=with_message(3, TOOL_MESSAGES, tool_call_id="call_1")), "messages[3].tool_call_id", r"^'call_1' is not the id"),
     "duplicate export row": (E, export(0), "trajectory_id", r"^duplicate of row 0"),
     # quarantine
     "quarantine without reason": (Q, quarantined(1, reason=""), "reason", r"^empty string$"),
@@ -249,7 +311,7 @@ def test_a_bad_row_is_quarantined_with_row_field_and_reason(tmp_path, name, bad,
     assert (q["source_file"], q["row"], q["field"]) == (str(path), 1, field)
     assert re.search(reason, q["reason"]), q["reason"]
     assert kept.to_pylist() == to_table([rows[0], rows[2]], name).to_pylist()  # the others kept, in order
-    assert q["raw"] == json.dumps(to_table([bad], name).to_pylist()[0], ensure_ascii=False)[:RAW_CHARS]  # a 1 MB row is cut
+    assert q["raw"] == json.dumps(as_shown(to_table([bad], name).to_pylist()[0]), ensure_ascii=False)[:RAW_CHARS]  # a 1 MB row is cut
 
 
 def test_every_problem_in_a_table_is_found_and_only_the_first_per_row(tmp_path):
@@ -286,7 +348,7 @@ def with_message_bytes(table: pa.Table, row: int, message: int, raw: bytes) -> p
     messages = table.column("messages").combine_chunks()
     items = messages.flatten()
     content = with_bytes(items.field("content"), messages.offsets[row].as_py() + message, raw)
-    items = pa.StructArray.from_arrays([items.field("role"), content], fields=list(MESSAGE))
+    items = pa.StructArray.from_arrays([items.field("role"), content, *(items.field(f.name) for f in list(MESSAGE)[2:])], fields=list(MESSAGE))
     return table.set_column(
         table.schema.get_field_index("messages"), table.schema.field("messages"),
         pa.ListArray.from_arrays(messages.offsets, items, type=messages.type),
@@ -324,6 +386,32 @@ def test_invalid_utf8_is_reported_before_anything_else_in_its_row(tmp_path):
     path = write(tmp_path / "t.parquet", T, with_column_bytes(to_table(rows, T), "policy_id", 1, b"\xff"))
     _, quarantine = checked(path, T)
     assert quarantine.select(["row", "field"]).to_pylist() == [{"row": 1, "field": "policy_id"}]
+
+
+# --- the export's messages: JSON text, checked as the chat messages they hold ---------------------
+
+
+EXPORT_JSON_FAULTS = {
+    "not JSON": ('{"role": "user", "content": "hi"', "messages[1]", r"^not JSON \(Expecting ',' delimiter"),
+    "not an object": ('["user", "hi"]', "messages[1]", r"^JSON list, expected a message object$"),
+    "unknown key": ('{"role": "user", "content": "hi", "mood": "happy"}', "messages[1]", r"^unknown key 'mood'$"),
+    "content a number": ('{"role": "user", "content": 7}', "messages[1].content", r"^expected string, got int 7$"),
+    "blank content": ('{"role": "user", "content": " "}', "messages[1].content", r"^empty string$"),
+    "tool result out of place": ('{"role": "tool", "content": "1. Kia", "tool_call_id": "call_0"}', "messages[1].role", r"^expected 'system' or 'user' after 'system', got 'tool'"),
+}
+
+
+@pytest.mark.parametrize("text, field, reason", EXPORT_JSON_FAULTS.values(), ids=EXPORT_JSON_FAULTS.keys())
+def test_an_export_message_that_is_not_a_chat_message_is_quarantined(tmp_path, text, field, reason):
+    table = to_table([export(0), export(1), export(2)], E)
+    items = table.column("messages").combine_chunks()
+    texts = items.values.storage.to_pylist()
+    texts[items.offsets[1].as_py() + 1] = text  # row 1, message 1
+    bad = pa.ListArray.from_arrays(items.offsets, pa.ExtensionArray.from_storage(pa.json_(), pa.array(texts, pa.string())), type=items.type)
+    kept, quarantine = checked(write(tmp_path / "e.parquet", E, table.set_column(0, table.schema.field(0), bad)), E)
+    [q] = quarantine.to_pylist()
+    assert (q["row"], q["field"]) == (1, field) and re.search(reason, q["reason"]), q
+    assert kept.column("trajectory_id").to_pylist() == ["t0", "t2"]
 
 
 # --- file-level faults: an error naming the file ------------------------------------------------

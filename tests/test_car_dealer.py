@@ -18,7 +18,11 @@ from envs.car_dealer.game import Dealership, Rules
 from envs.car_dealer.llm_roles import parse_summary, records
 from envs.car_dealer.reward import penalty
 from envs.car_dealer.tools import ApiCall, discounted, display, search, shown
+from storage.parquet import read_table, write_table
+from storage.schema import from_table, to_table
+from storage.validate import read_checked
 from tasks.rollout import ScriptedAgent, new_episode, play
+from tasks.standardize import EXPORT_COLUMNS
 
 NOISE = {"p_random": 0.15, "p_repeat": 0.10, "p_early_guess": 0.10}
 
@@ -437,17 +441,41 @@ def test_a_seller_turn_is_a_tool_call_a_tool_result_a_reply_and_the_buyer(env):
     assert env.max_turns == 20
 
 
-def test_messages_load_as_trl_conversational_data_with_tools(env):
-    from datasets import Dataset
+def _read_back(rows, tmp_path, name="trajectories"):
+    """`rows` written as table `name`, read back through the stage checks (none quarantined)."""
+    path = tmp_path / f"{name}.parquet"
+    write_table(to_table(rows, name), path, name)
+    kept, quarantine = read_checked(path, name)
+    assert quarantine.to_pylist() == []
+    return from_table(kept)
+
+
+def test_trajectories_round_trip_through_parquet_with_their_tool_calls(env, tmp_path):
+    policies, tasks, rows = env.policies(NOISE), env.tasks("train")[::20], []
+    for k, name in enumerate(("expert", "noisy", "random")):
+        episodes = [new_episode(env, task, k) for task in tasks]
+        play(episodes, ScriptedAgent(lambda rng, p=policies[name]: p), k, "test")
+        rows += [e.to_row() for e in episodes]
+    assert _read_back(rows, tmp_path) == rows  # tool_calls (arguments objects), tool_call_id, name; no keys added
+    stored = read_table(tmp_path / "trajectories.parquet").column("messages")[0].as_py()
+    assert stored[2]["tool_calls"][0]["function"]["arguments"] == json.dumps(rows[0]["messages"][2]["tool_calls"][0]["function"]["arguments"], separators=(",", ":"))
+    assert stored[0] == {**rows[0]["messages"][0], "tool_calls": None, "tool_call_id": None, "name": None}  # absent keys are nulls in the file
+
+
+def test_messages_read_back_load_as_trl_conversational_data_with_tools(env, tmp_path):
+    from datasets import load_dataset
     from trl.data_utils import apply_chat_template, is_conversational
 
     from models.tiny import train_tokenizer
 
     ep = _expert_episode(env, "4_Kia_truck_51000")
-    tok = train_tokenizer([env.system_prompt(), *(m["content"] for m in ep.messages)], vocab_size=400)
+    [row] = _read_back([ep.to_row()], tmp_path)
+    messages = row["messages"]
+    assert messages == ep.messages
+    tok = train_tokenizer([env.system_prompt(), *(m["content"] for m in messages)], vocab_size=400)
     tools = env.tools()
     # The project's own template: both seller actions are supervised, the tool result is not.
-    out = tok.apply_chat_template(ep.messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    out = tok.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     supervised = tok.decode([t for t, keep in zip(out["input_ids"], out["assistant_masks"]) if keep])
     assert "API NAME: search_car_by_brand_type" in supervised and "CAR INDEX:" in supervised and "msrp=$" not in supervised
     # A tool-aware template, in the style of the common ones, sees the structured calls.
@@ -458,16 +486,21 @@ def test_messages_load_as_trl_conversational_data_with_tools(env):
         "<|end|>{% endgeneration %}{% elif m.role == 'tool' %}<|tool|><response id=\"{{ m.tool_call_id }}\">{{ m.content }}</response><|end|>"
         "{% else %}<|{{ m.role }}|>{{ m.content }}<|end|>{% endif %}{% endfor %}"
     )
-    example = {"messages": ep.messages}
+    example = {"messages": messages}
     assert is_conversational(example)
     text = apply_chat_template(example, tok, tools=tools, chat_template=template)["text"]
     assert '<tool_call>{"name": "search_car_by_brand_type", "arguments": {"car_brand": "Kia", "car_type": "truck"}}</tool_call>' in text
     assert '<response id="call_2">1. brand=Kia' in text and '"name": "search_car_that_have_features"' in text
-    # As a datasets table (what an export is read as) it loads and renders as it is.
-    ds = Dataset.from_list([{"messages": ep.messages, "tools": json.dumps(tools)}])
-    loaded = ds[0]
-    assert [m["role"] for m in loaded["messages"]] == [m["role"] for m in ep.messages]
-    assert "search_car_by_brand_type" in apply_chat_template({"messages": loaded["messages"]}, tok, tools=json.loads(loaded["tools"]), chat_template=template)["text"]
+    # The export, written from the training table as standardize writes it, loads in datasets as the same chat.
+    training = {"trajectory_id": row["trajectory_id"], "task_id": row["task_id"], "split": "train", "source": "policy", "parent_id": None,
+                "relabel_id": None, "messages": messages, "reward": row["return"], "standardized_reward": 0.0, "weight": 1.0,
+                "group_size": 1, "group_mean": row["return"], "group_std": None, "standardize_status": "singleton"}
+    write_table(to_table([training], "training"), tmp_path / "train.parquet", "training")
+    write_table(read_table(tmp_path / "train.parquet").select(EXPORT_COLUMNS), tmp_path / "export.parquet", "export")
+    assert _read_back(from_table(read_table(tmp_path / "export.parquet")), tmp_path / "again", "export")[0]["messages"] == messages
+    loaded = load_dataset("parquet", data_files=str(tmp_path / "export.parquet"), split="train")[0]
+    assert loaded["messages"] == messages  # no null keys, arguments as objects
+    assert apply_chat_template({"messages": loaded["messages"]}, tok, tools=tools, chat_template=template)["text"] == text
 
 
 def test_unparseable_actions_cost_their_turn(env):
@@ -650,3 +683,42 @@ def test_registered_with_its_options(env):
         registry.make("car_dealer", {"reward_rule": "fancy"})
     with pytest.raises(ValueError, match="extra"):
         registry.make("car_dealer", {"show_candidates": True})
+
+
+# ---- the real stages with env.name: car_dealer ----
+
+
+def test_bootstrap_and_collect_store_car_dealer_trajectories(tmp_path):
+    """Scripted demonstrations, the tiny model trained on them and its collect, on the tiny settings:
+    the rows are written, read back through the checks and equal what was played. The demonstrations
+    are longer than the tiny model's 1,024 positions: SFT cuts them, and counts them."""
+    from transformers import AutoTokenizer
+
+    from conftest import tiny_params
+    from tasks.bootstrap import demonstrations, run_bootstrap
+    from tasks.collect import run_collect
+    from tasks.params import Params
+
+    tokens = {"max_new_tokens": 100}  # the longest scripted action (97 tokens on this tokenizer) fits
+    raw = tiny_params({"bootstrap": {"facts_per_object": 0, "eval_sampling": tokens}, "collect": {"splits": ["train"], "m": 1, "limit_tasks": 2}})
+    raw["env"] = {"name": "car_dealer"}
+    p = Params.model_validate(raw)
+    m = run_bootstrap(p, tmp_path / "bootstrap")
+    demos = [e.to_row() for e in demonstrations(p)]
+    kept, quarantine = read_checked(tmp_path / "bootstrap/demos.parquet", "trajectories")
+    assert quarantine.num_rows == 0 and sorted(from_table(kept), key=lambda r: r["trajectory_id"]) == sorted(demos, key=lambda r: r["trajectory_id"])
+    tok = AutoTokenizer.from_pretrained(tmp_path / "bootstrap/model")
+    lengths = [len(tok.apply_chat_template(r["messages"], tokenize=True, return_dict=True)["input_ids"]) for r in demos]
+    assert m["demonstrations"]["truncated"] == sum(n > 1024 for n in lengths) > 0
+
+    c = run_collect(p, tmp_path / "bootstrap/model", tmp_path / "collect")
+    kept, quarantine = read_checked(tmp_path / "collect/trajectories.parquet", "trajectories")
+    rows = from_table(kept)
+    assert quarantine.num_rows == 0 and c["trajectories"] == len(rows) == 2
+    for r in rows:
+        body = r["messages"][2:]
+        assert r["env"] == "car_dealer" and [x["role"] for x in body] == ["assistant", "tool", "assistant", "user"] * (len(body) // 4)
+        assert all(tool["tool_call_id"] == call["tool_calls"][0]["id"] and isinstance(call["tool_calls"][0]["function"]["arguments"], dict)
+                   for call, tool in zip(body[::4], body[1::4]))
+    # The dialogues outgrow the model's positions too: the hf backend reads them whole and counts them.
+    assert c["prompt_tokens"]["prompts_over_positions"] > 0

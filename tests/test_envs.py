@@ -8,6 +8,7 @@ import pytest
 from conftest import tiny_params, twenty_questions
 from envs import registry
 from envs.base import EMPTY_REPLY, Environment, Game, Step
+from storage.schema import from_table
 from tasks.collect import run_collect
 from tasks.params import Params, ParamsError, load_params
 
@@ -100,7 +101,7 @@ def test_an_environment_from_a_users_package_runs_through_collect(installed, tin
     raw = tiny_params()
     raw["env"] = {"name": "guess_digit"}  # none of TwentyQuestions' keys: they are its own
     m = run_collect(Params.model_validate(raw), tiny_model_dir, tmp_path)
-    rows = pq.read_table(tmp_path / "trajectories.parquet").to_pylist()
+    rows = from_table(pq.read_table(tmp_path / "trajectories.parquet"))
     assert m["trajectories"] == len(rows) > 0
     for r in rows:
         assert r["env"] == "guess_digit" and r["task_id"].startswith(r["split"] + "-")

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from storage.parquet import read_table
-from storage.schema import trajectory_id
+from storage.schema import from_table, trajectory_id
 from tasks.ingest import ImportValidationError, import_trajectories, write_import
 
 
@@ -48,7 +48,7 @@ def test_good_jsonl_import(tmp_path):
     path = write_jsonl(tmp_path / "logs.jsonl", [full(), "", minimal])
     trajectories, quarantine = import_trajectories(path, env="twenty_questions")
     assert quarantine.num_rows == 0
-    rows = {r["task_id"]: r for r in trajectories.to_pylist()}
+    rows = {r["task_id"]: r for r in from_table(trajectories)}
     assert [r["trajectory_id"] for r in trajectories.to_pylist()] == sorted(r["trajectory_id"] for r in rows.values())
 
     apple = rows["apple"]

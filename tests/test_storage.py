@@ -12,7 +12,7 @@ import pytest
 
 from storage.catalog import list_tables, open_catalog
 from storage.parquet import SchemaVersionError, read_polars, read_table, write_table
-from storage.schema import SCHEMAS, to_table, trajectory_id
+from storage.schema import SCHEMAS, from_table, to_table, trajectory_id
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,8 +68,8 @@ def test_trajectories_round_trip_keeps_nulls_and_nested_lists(tmp_path):
     write_table(to_table(rows, "trajectories"), path, "trajectories")
     table = read_table(path, "trajectories")
     assert table.schema.names == SCHEMAS["trajectories"].schema.names
-    assert table.to_pylist() == rows
-    assert read_polars(path, "trajectories").to_dicts() == rows
+    assert from_table(table) == rows  # the messages as written: no tool keys appear
+    assert from_table(read_polars(path, "trajectories")) == rows
 
 
 def test_quarantine_round_trip(tmp_path):
@@ -100,7 +100,7 @@ def test_write_casts_compatible_columns_and_names_an_incompatible_one(tmp_path):
     from_polars = pl.DataFrame(rows).to_arrow()  # large strings, int64 where the schema has int32
     path = tmp_path / "t.parquet"
     write_table(from_polars, path, "trajectories")
-    assert read_table(path).to_pylist() == rows
+    assert from_table(read_table(path)) == rows
 
     bad = to_table(rows, "trajectories").set_column(9, "seed", pa.array(["x", "y"]))
     with pytest.raises(ValueError, match=r"column 'seed': cannot store string as int64"):
@@ -124,7 +124,7 @@ def test_same_table_writes_byte_identical_files(tmp_path):
 
     meta = pq.read_metadata(tmp_path / "a/t.parquet")
     assert meta.metadata[b"retrosight.schema"] == b"trajectories"
-    assert meta.metadata[b"retrosight.schema_version"] == b"1"
+    assert meta.metadata[b"retrosight.schema_version"] == b"2"
     assert meta.row_group(0).column(0).compression == "ZSTD"
 
 
@@ -175,7 +175,11 @@ def test_newer_version_wrong_name_and_missing_metadata_are_refused(tmp_path):
     pq.write_table(newer, path)
     with pytest.raises(SchemaVersionError) as e:
         read_table(path, "trajectories")
-    assert str(e.value) == f"{path}: 'trajectories' schema version 7 is not supported (this build reads version 1)"
+    assert str(e.value) == f"{path}: 'trajectories' schema version 7 is not supported (this build reads version 2)"
+    older = table.replace_schema_metadata({**table.schema.metadata, b"retrosight.schema_version": b"1"})  # before tool messages
+    pq.write_table(older, path)
+    with pytest.raises(SchemaVersionError, match=r"version 1 is not supported \(this build reads version 2\); it was written by an older build: rerun"):
+        read_table(path, "trajectories")
 
     pq.write_table(table, path)
     with pytest.raises(SchemaVersionError, match=r"x\.parquet: expected a 'quarantine' table, found 'trajectories'"):
@@ -195,7 +199,7 @@ def test_catalog_exposes_each_stage_table_as_a_view(tmp_path):
 
     infos = {(t.stage, t.table): t for t in list_tables(tmp_path)}
     assert set(infos) == {("collect", "trajectories"), ("import", "quarantine"), ('we"ird', "my table"), ("other", "plain")}
-    assert (infos["collect", "trajectories"].rows, infos["collect", "trajectories"].schema_version) == (3, 1)
+    assert (infos["collect", "trajectories"].rows, infos["collect", "trajectories"].schema_version) == (3, 2)
     assert infos["import", "quarantine"].schema_name == "quarantine"
     assert infos["other", "plain"].schema_name is None
 

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer
 
+from storage.schema import from_table
 from tasks.train.sft import IGNORE, tokenize_chats, train_sft
 
 Norm = Literal["sequences", "tokens"]
@@ -88,7 +89,7 @@ def train_weighted(model, tokenizer, table, cfg, seed: int, column: str) -> dict
     usable = table.filter(pl.col(column).is_not_null() & (pl.col(column) != 0))
     if usable.height == 0:  # e.g. every context tied: there is nothing to learn from
         return {"rows": 0, "rows_skipped": table.height, "truncated": 0, "curve": []}
-    tokenized = tokenize_chats(tokenizer, usable["messages"].to_list(), model.config.max_position_embeddings)
+    tokenized = tokenize_chats(tokenizer, [r["messages"] for r in from_table(usable.select("messages"))], model.config.max_position_embeddings)
     examples = [{**ex, "weight": float(w)} for ex, w in zip(tokenized.examples, usable[column].to_list())]
     curve = train_sft(model, tokenizer, examples, seed=seed, trainer_cls=RewardWeightedTrainer, norm=cfg.norm, push_down_floor=cfg.push_down_floor, **cfg.trainer_kwargs())
     return {"rows": usable.height, "rows_skipped": table.height - usable.height, "truncated": tokenized.truncated, "curve": curve}

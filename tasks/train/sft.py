@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from models.hf import native_bf16
+from storage.schema import from_table
 
 IGNORE = -100
 
@@ -318,6 +319,6 @@ def train(model, tokenizer, table, cfg, seed: int) -> dict:
     """The SFT algorithm on a training table: every trajectory, weight 1."""
     if table.height == 0:
         return {"rows": 0, "truncated": 0, "curve": []}
-    tokenized = tokenize_chats(tokenizer, table["messages"].to_list(), model.config.max_position_embeddings)
+    tokenized = tokenize_chats(tokenizer, [r["messages"] for r in from_table(table.select("messages"))], model.config.max_position_embeddings)
     curve = train_sft(model, tokenizer, tokenized.examples, seed=seed, **cfg.trainer_kwargs())
     return {"rows": table.height, "truncated": tokenized.truncated, "curve": curve}
