@@ -13,6 +13,7 @@ games stay unseen. No riddle is a game: no turns, no player, no questions chosen
 """
 from __future__ import annotations
 
+import functools
 import random
 
 from envs.reason_question import render_action
@@ -23,13 +24,20 @@ FACTS_SYSTEM = "Facts about objects. Name the object they describe."
 RIDDLE_ASK = "Describe an object and name it."
 
 
-def telling(kb: KnowledgeBase, left: list[Entity], used: set[str]) -> list[tuple[int, Question]]:
+@functools.cache
+def _yes(kb: KnowledgeBase) -> dict[Question, frozenset[Entity]]:
+    """Each question's yes-objects, so a description's splits are set sizes (a sheet of thousands
+    of riddles is built in seconds)."""
+    return {q: frozenset(e for e in kb.entities if kb.truth(e, q)) for q in kb.questions}
+
+
+def telling(kb: KnowledgeBase, left: frozenset[Entity], used: set[str]) -> list[tuple[int, Question]]:
     """Unused questions that split `left`, scored by the smaller side of the split (higher tells
     more; the entropy of a yes/no split is a function of that side alone)."""
     scored = []
-    for q in kb.questions:
+    for q, yes_set in _yes(kb).items():
         if q.key not in used:
-            yes = sum(kb.truth(e, q) for e in left)
+            yes = len(left & yes_set)
             if 0 < yes < len(left):
                 scored.append((min(yes, len(left) - yes), q))
     return scored
@@ -40,7 +48,7 @@ def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random, bre
     it: each statement drawn uniformly from the `breadth` statements that tell the remaining
     objects apart best, until no other object fits them all. Every object of every split is
     described over all objects, whatever the game's candidates."""
-    left = list(kb.entities)
+    left = frozenset(kb.entities)
     facts: list[tuple[Question, bool]] = []
     while len(left) > 1:
         scored = telling(kb, left, {q.key for q, _ in facts})
@@ -49,9 +57,9 @@ def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random, bre
         rng.shuffle(scored)  # ties among equally telling statements fall randomly
         scored.sort(key=lambda sq: -sq[0])
         q = rng.choice(scored[:breadth])[1]
-        truth = kb.truth(entity, q)
+        truth = entity in _yes(kb)[q]
         facts.append((q, truth))
-        left = [e for e in left if kb.truth(e, q) == truth]
+        left = left & _yes(kb)[q] if truth else left - _yes(kb)[q]
     return facts
 
 
