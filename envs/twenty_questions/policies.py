@@ -15,6 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
+from .facts import telling
 from .format import Action
 from .game import Game, Step
 from .kb import Entity, KnowledgeBase, Question, load_kb
@@ -129,18 +130,11 @@ class ExpertPolicy:
         return _ask(rng.choice(best) if self.random_ties else best[0])
 
     def best_questions(self, left: list[Entity], history: list[tuple[str, str]]) -> list[Question]:
-        """The unasked questions that split `left` most evenly (empty if none splits it).
-
-        The entropy of a yes/no split is a function of the smaller side alone, so comparing that
-        integer finds exactly the questions tied for maximal information gain."""
-        asked = {q.key for q in _asked(self.kb, history)}
-        scores: dict[Question, int] = {}
-        for q in self.kb.questions:
-            if q.key not in asked:
-                yes = sum(self.kb.truth(e, q) for e in left)
-                scores[q] = min(yes, len(left) - yes)
-        top = max(scores.values(), default=0)
-        return [q for q, s in scores.items() if s == top] if top > 0 else []
+        """The unasked questions that split `left` most evenly (empty if none splits it), in the
+        question set's order: the ones tied for maximal information gain (facts.telling)."""
+        scored = telling(self.kb, frozenset(left), {q.key for q in _asked(self.kb, history)})
+        top = max((score for score, _ in scored), default=0)
+        return [q for score, q in scored if score == top]
 
 
 class NoisyPolicy:
