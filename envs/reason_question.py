@@ -36,3 +36,15 @@ def parse_action(text: str) -> Action:
     if not question:
         raise ActionParseError("empty question after 'QUESTION:'")
     return Action(reason=" ".join(body[:split].split()), question=question)
+
+
+class ReasonQuestionActions:
+    """The environment interface's action format (envs/base.py) for a game played in this format;
+    listed before Environment among a game's bases."""
+
+    def render_action(self, reason: str, action: str) -> str:
+        return render_action(reason, action)
+
+    def parse_action(self, text: str) -> tuple[str, str]:
+        action = parse_action(text)
+        return action.reason, action.question

@@ -11,7 +11,7 @@ from pydantic import Field
 from envs.base import EMPTY_REPLY, Counterfactual, Environment, Label, Options, Policy, Request, Step, fraction_window, recorded_reply
 from envs.base import Game as BaseGame
 from envs.question_roles import dialogue, parse_controller, parse_proposals, parse_reward, parse_rubric, parse_summary
-from envs.reason_question import ActionParseError, parse_action, render_action
+from envs.reason_question import ActionParseError, ReasonQuestionActions, parse_action, render_action
 
 from . import proposer, summarizer
 from .cities import SPLITS, City, load_cities
@@ -114,7 +114,7 @@ class Scripted:
         return render_action(action.reason, action.question)
 
 
-class GuessMyCity(Environment):
+class GuessMyCity(ReasonQuestionActions, Environment):
     name = "guess_my_city"
     Options = GuessMyCityOptions
     options: GuessMyCityOptions
@@ -151,13 +151,6 @@ class GuessMyCity(Environment):
         return PlayerView(self.candidates, history(prefix), len(prefix), self.max_turns)
 
     # ---- action format ----
-
-    def render_action(self, reason: str, action: str) -> str:
-        return render_action(reason, action)
-
-    def parse_action(self, text: str) -> tuple[str, str]:
-        action = parse_action(text)
-        return action.reason, action.question
 
     def same_action(self, a: str, b: str) -> bool:
         return proposer.same_action(self.oracle, a, b)

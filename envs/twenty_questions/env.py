@@ -22,6 +22,7 @@ from envs.base import (
 )
 from envs.base import Game as BaseGame
 from envs.question_roles import dialogue, parse_controller, parse_proposals, parse_reward, parse_rubric, parse_summary
+from envs.reason_question import ReasonQuestionActions
 
 from . import labeler, proposer, summarizer
 from .facts import fact_sheets
@@ -134,7 +135,7 @@ class Scripted:
         return render_action(action.reason, action.question)
 
 
-class TwentyQuestions(Environment):
+class TwentyQuestions(ReasonQuestionActions, Environment):
     name = "twenty_questions"
     Options = TwentyQuestionsOptions
     options: TwentyQuestionsOptions
@@ -169,13 +170,6 @@ class TwentyQuestions(Environment):
         return [e.name for e in self.kb.split(task.split)] if self.options.show_candidates else None
 
     # ---- action format ----
-
-    def render_action(self, reason: str, action: str) -> str:
-        return render_action(reason, action)
-
-    def parse_action(self, text: str) -> tuple[str, str]:
-        action = parse_action(text)
-        return action.reason, action.question
 
     def same_action(self, a: str, b: str) -> bool:
         return proposer.same_action(self.kb, a, b)
