@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 import contextvars
+import json
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -139,7 +140,7 @@ class OpenAIGenerator:
             try:
                 response = await client.chat.completions.create(
                     model=self.model,
-                    messages=conversation,
+                    messages=[wire_message(m) for m in conversation],
                     seed=seed,
                     temperature=sampling.temperature,
                     top_p=sampling.top_p,
@@ -201,6 +202,19 @@ def redact(text: str, secret: str | None) -> str:
         return text
     text = text.replace(secret, "[redacted]")
     return re.sub(r"[A-Za-z0-9_\-]{8,}", lambda m: "[redacted]" if m.group() in secret else m.group(), text)
+
+
+def wire_message(message: Message) -> Message:
+    """A chat message as the API takes it: a tool call's `arguments` is the JSON object as text.
+    Messages carry it as the object itself, as transformers' chat templates take it."""
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    return {**message, "tool_calls": [
+        {**c, "function": {**c["function"], "arguments": json.dumps(c["function"]["arguments"], ensure_ascii=False)}}
+        if not isinstance(c["function"]["arguments"], str) else c
+        for c in calls
+    ]}
 
 
 def _parse(response) -> Completion:

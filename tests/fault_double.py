@@ -81,6 +81,14 @@ def role_reply(messages: list[dict], digest: str) -> str | None:
     return None
 
 
+def _not_text_arguments(messages: list[dict]) -> str | None:
+    for i, m in enumerate(messages):
+        for j, call in enumerate(m.get("tool_calls") or []):
+            if not isinstance(call["function"]["arguments"], str):
+                return f"messages[{i}].tool_calls[{j}].function.arguments"
+    return None
+
+
 class Handler(BaseHTTPRequestHandler):
     server: FaultDouble
 
@@ -165,6 +173,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def _answer(self, request: dict, digest: str, hit: int):
         model = request["model"]
+        wrong = _not_text_arguments(request["messages"])
+        if wrong:  # as OpenAI's API answers a tool call whose arguments are not a string
+            self._send(400, self._error(f"Invalid type for '{wrong}': expected a string, but got an object instead.", "invalid_request_error"))
+            return
         scripted = {"429-then-ok": "429", "500-then-ok": "500"}
         if scripted.get(model) and hit == 1:
             self._fault(scripted[model], hit)

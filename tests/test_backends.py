@@ -220,6 +220,21 @@ def test_openai_a_failure_stays_with_its_request(double):
     assert gen.stats == {"requests": 3, "attempts": 4, "retries": 1, "failures": 1}
 
 
+def test_openai_sends_a_tool_calls_arguments_as_json_text(double):
+    """A CarDealer seller's game carries its calls' arguments as objects (chat templates take them
+    so); the API takes them as JSON text, and answers 400 otherwise."""
+    from envs import registry
+    from tasks.rollout import ScriptedAgent, new_episode, play
+
+    env = registry.make("car_dealer", {})
+    ep = new_episode(env, env.task("1_Volkswagen_van_65000"), 0)
+    play([ep], ScriptedAgent(lambda rng: env.policies({"p_random": 0.15, "p_repeat": 0.1, "p_early_guess": 0.1})["expert"]), 0, "test")
+    assert isinstance(ep.messages[2]["tool_calls"][0]["function"]["arguments"], dict)
+    [out] = _gen(double, "ok", max_retries=0).generate([ep.messages], GREEDY, [0])
+    assert out.ok, out.error
+    assert isinstance(ep.messages[2]["tool_calls"][0]["function"]["arguments"], dict)  # the game's messages are left as they were
+
+
 def test_openai_api_key_comes_from_the_named_variable(double, monkeypatch):
     monkeypatch.delenv("RETROSIGHT_TEST_KEY", raising=False)
     with pytest.raises(ValueError, match="RETROSIGHT_TEST_KEY"):
