@@ -249,6 +249,11 @@ class Environment(ABC):
         """The scripted behaviour policies by name; `noise` sets the imperfect ones' rates."""
         raise _missing(self, "scripted behaviour policies (bootstrap)")
 
+    def tools(self) -> list[dict] | None:
+        """The agent's tools as JSON-schema functions (OpenAI's and TRL's `tools`), or None when
+        its actions are plain text. Goes into the export, for chat templates that render tools."""
+        return None
+
     def tokenizer_corpus(self) -> list[str]:
         """Texts the bootstrap tokenizer sees besides the demonstrations (every task's names,
         every prompt a policy will read), so held-out tasks encode as compactly as trained ones."""

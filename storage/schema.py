@@ -196,7 +196,7 @@ TRAINING = TableSchema(
 # conversational format) and one weight column per algorithm.
 EXPORT = TableSchema(
     "export",
-    2,
+    3,
     pa.schema(
         [
             _f("messages", JSON_MESSAGES),
@@ -206,6 +206,7 @@ EXPORT = TableSchema(
             _f("trajectory_id", pa.string()),
             _f("task_id", pa.string()),
             _f("source", pa.string()),
+            _f("tools", pa.string(), nullable=True),  # the environment's tools as JSON text (TRL reads it so); null: none
         ]
     ),
 )

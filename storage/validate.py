@@ -662,6 +662,15 @@ def _export_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Pr
     for check in (_nulls(inner), _enums(inner, rules), _blanks(inner, rules), _messages_rules(messages, inner)):
         yield from check
     yield from _weight_rules(batch)
+    for r, text in enumerate(batch.column("tools").to_pylist()):
+        if text is not None:
+            try:
+                tools = json.loads(text)
+            except ValueError as e:
+                yield r, "tools", f"not JSON ({e})"
+                continue
+            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+                yield r, "tools", f"JSON {type(tools).__name__}, expected a list of tool objects"
 
 
 class _BadMessage(Exception):

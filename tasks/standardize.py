@@ -139,7 +139,7 @@ def weight_histograms(df: pl.DataFrame) -> dict[str, list[dict]]:
 # What the join, the statistics and the sort need of a trajectory: everything in the training
 # table but messages, which is read again (alone) for the rows that are written.
 KEY_COLUMNS = ["trajectory_id", "env", "task_id", "split", "source", "parent_id", "relabel_id"]
-EXPORT_COLUMNS = ["messages", "reward", "standardized_reward", "weight", "trajectory_id", "task_id", "source"]
+EXPORT_COLUMNS = ["messages", "reward", "standardized_reward", "weight", "trajectory_id", "task_id", "source", "tools"]
 # Output rows whose messages are put in order in memory at a time; past one such block they
 # are first spilled to disk, one file per block, so memory follows this, not the table.
 SORT_BLOCK_ROWS = 50_000
@@ -190,9 +190,11 @@ def run_standardize(
     clock.lap("join")
     out = standardize(joined, mode=s.mode, group_by=("env", "task_id"), clip=s.clip, stats=s.stats)
     columns = [c for c in TRAINING_COLUMNS if c != "messages"]
-    out = refit_weight(out, s.weight, params.env.environment().reward_range).select(*columns, "_file", "_row").sort("task_id", "trajectory_id")
+    env = params.env.environment()
+    out = refit_weight(out, s.weight, env.reward_range).select(*columns, "_file", "_row").sort("task_id", "trajectory_id")
     clock.lap("standardize")
-    _write_tables(out, [str(p) for p in trajectory_files], out_dir)
+    tools = env.tools()
+    _write_tables(out, [str(p) for p in trajectory_files], out_dir, None if tools is None else json.dumps(tools, separators=(",", ":")))
     for name, hist in weight_histograms(out).items():
         write_plot(hist, out_dir / "plots" / f"{name}.json")
     z = out["standardized_reward"].drop_nulls()
@@ -270,10 +272,11 @@ class _Phases:
         self.t = now
 
 
-def _write_tables(out: pl.DataFrame, files: list[str], out_dir: Path) -> None:
+def _write_tables(out: pl.DataFrame, files: list[str], out_dir: Path, tools: str | None) -> None:
     """train.parquet and export/train.parquet: `out` (in order, without messages; _file and
-    _row name each row's trajectory) with the messages of those trajectories. The export is
-    written in a second thread, beside the training table."""
+    _row name each row's trajectory) with the messages of those trajectories, and in the export
+    the environment's tools (JSON text) on every row. The export is written in a second thread,
+    beside the training table."""
     with TableWriter(out_dir / "train.parquet", "training") as train, TableWriter(out_dir / "export" / "train.parquet", "export") as export, \
             ThreadPoolExecutor(1) as pool:
         pending = None
@@ -284,6 +287,7 @@ def _write_tables(out: pl.DataFrame, files: list[str], out_dir: Path) -> None:
                 train.write(block.select(TRAINING_COLUMNS))
                 if pending is not None:
                     pending.result()
+                block = block.append_column("tools", pa.array([tools] * len(part), pa.string()))
                 pending = pool.submit(export.write, block.select(EXPORT_COLUMNS))
         if pending is not None:
             pending.result()

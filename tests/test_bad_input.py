@@ -120,7 +120,7 @@ def training(i: int = 0, **change) -> dict:
 def export(i: int = 0, **change) -> dict:
     return {
         "messages": MESSAGES, "reward": -1.0, "standardized_reward": 0.5, "weight": 0.5, "trajectory_id": f"t{i}",
-        "task_id": "Dog", "source": "policy", **change,
+        "task_id": "Dog", "source": "policy", "tools": None, **change,
     }
 
 
@@ -296,6 +296,8 @@ ROW_FAULTS = {
     "export role order": (E, export(1, messages=with_message(5, role="assistant")), "messages[5].role", r"^expected 'user' after 'assistant', got 'assistant'$"),
     "export result naming another call": (E, export(1, messages=with_message(3, TOOL_MESSAGES, tool_call_id="call_1")), "messages[3].tool_call_id", r"^'call_1' is not the id"),
     "duplicate export row": (E, export(0), "trajectory_id", r"^duplicate of row 0"),
+    "export tools not JSON": (E, export(1, tools="[{"), "tools", r"^not JSON "),
+    "export tools not a list": (E, export(1, tools='{"type": "function"}'), "tools", r"^JSON dict, expected a list of tool objects$"),
     # quarantine
     "quarantine without reason": (Q, quarantined(1, reason=""), "reason", r"^empty string$"),
 }

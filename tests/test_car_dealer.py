@@ -7,6 +7,7 @@ import random
 import shutil
 import statistics
 
+import pyarrow as pa
 import pytest
 
 from envs import registry
@@ -496,10 +497,13 @@ def test_messages_read_back_load_as_trl_conversational_data_with_tools(env, tmp_
                 "relabel_id": None, "messages": messages, "reward": row["return"], "standardized_reward": 0.0, "weight": 1.0,
                 "group_size": 1, "group_mean": row["return"], "group_std": None, "standardize_status": "singleton"}
     write_table(to_table([training], "training"), tmp_path / "train.parquet", "training")
-    write_table(read_table(tmp_path / "train.parquet").select(EXPORT_COLUMNS), tmp_path / "export.parquet", "export")
+    training_table = read_table(tmp_path / "train.parquet")
+    training_table = training_table.append_column("tools", pa.array([json.dumps(tools)], pa.string()))
+    write_table(training_table.select(EXPORT_COLUMNS), tmp_path / "export.parquet", "export")
     assert _read_back(from_table(read_table(tmp_path / "export.parquet")), tmp_path / "again", "export")[0]["messages"] == messages
     loaded = load_dataset("parquet", data_files=str(tmp_path / "export.parquet"), split="train")[0]
     assert loaded["messages"] == messages  # no null keys, arguments as objects
+    assert json.loads(loaded["tools"]) == tools  # TRL's SFTTrainer hands it to the chat template
     assert apply_chat_template({"messages": loaded["messages"]}, tok, tools=tools, chat_template=template)["text"] == text
 
 

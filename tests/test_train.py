@@ -71,7 +71,7 @@ def test_export_loads_in_datasets_and_trains_in_trl_with_assistant_only_loss(tok
     from trl import SFTConfig, SFTTrainer
 
     rows = [
-        {"messages": c, "reward": r, "standardized_reward": z, "weight": w, "trajectory_id": i, "task_id": "Dog", "source": "policy"}
+        {"messages": c, "reward": r, "standardized_reward": z, "weight": w, "trajectory_id": i, "task_id": "Dog", "source": "policy", "tools": None}
         for c, r, z, w, i in ((CONV, -1.0, 0.7, 1.0, "a"), (SHORT, -20.0, -0.7, 0.0, "b"))
     ]
     write_table(pl.DataFrame(rows).to_arrow(), tmp_path / "export/train.parquet", "export")
