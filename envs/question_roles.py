@@ -17,6 +17,8 @@ from pathlib import Path
 
 import jinja2
 
+from envs.rubric import Rubric
+
 # Marks of the games' prompts that an answer never contains unless it is repeating the prompt.
 ECHO_MARKS = (
     "## Questions and answers", "## Summary of the whole game", "<Game", "Reply with", "Now rate this game",
@@ -150,25 +152,12 @@ def parse_reward(text: str, low: float, high: float) -> float:
 
 # ---- rubric judge (Refit's labeler) ----
 
-RUBRIC = ("Progress", "Question quality", "Consistency", "Efficiency", "Outcome", "Overall")
-_RUBRIC_LINE = re.compile(r"^\s*\**\s*(%s)\s*\**\s*:\s*\**\s*(-?\d+(?:\.\d+)?)" % "|".join(map(re.escape, RUBRIC)), re.I | re.M)
+RUBRIC = Rubric(("Progress", "Question quality", "Consistency", "Efficiency", "Outcome", "Overall"))
 
 
 def parse_rubric(text: str) -> dict[str, float]:
-    """Every criterion's 0-10 score, Overall included. Overall is read, never recomputed: a
-    judge's holistic score need not be the mean of the others. The first score of a label wins."""
     no_echo(text)
-    scores: dict[str, float] = {}
-    for name, value in _RUBRIC_LINE.findall(text):
-        key = next(f for f in RUBRIC if f.lower() == name.lower())
-        scores.setdefault(key, float(value))
-    missing = [f for f in RUBRIC if f not in scores]
-    if missing:
-        raise ValueError(f"missing scores: {', '.join(missing)}")
-    bad = {k: v for k, v in scores.items() if not 0 <= v <= 10}
-    if bad:
-        raise ValueError("scores outside 0..10: " + ", ".join(f"{k} {v:g}" for k, v in bad.items()))
-    return scores
+    return RUBRIC.parse(text)
 
 
 # ---- hindsight controller (HR) ----

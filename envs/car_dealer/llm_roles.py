@@ -18,6 +18,7 @@ from pathlib import Path
 import jinja2
 
 from envs.base import Counterfactual
+from envs.rubric import Rubric
 
 from .buyer import PRICE_SLACK, BuyerReply
 from .data import Car, Catalog, all_cars
@@ -32,7 +33,7 @@ TEMPLATES = {
     "simulator": ("simulator.j2",), "summarizer": ("summary.j2",), "proposer": ("proposer_api.j2", "proposer_reply.j2"),
     "controller": ("controller.j2",), "forward": ("forward.j2",), "labeler": ("labeler.j2",), "judge": ("judge.j2",),
 }
-RUBRIC = ("Needs", "Search", "Offers", "Honesty", "Outcome", "Overall")
+RUBRIC = Rubric(("Needs", "Search", "Offers", "Honesty", "Outcome", "Overall"))
 SUMMARY_SECTIONS = (
     "### Summary of the buyer", "### Summary of the API calls", "### Summary of the car suggested",
     "### Summary of what happened at the last step", "### Summary of the overall transaction",
@@ -347,7 +348,6 @@ def parse_reward(text: str, low: float, high: float) -> float:
 
 # ---- rubric judge (Refit) ----
 
-_RUBRIC_LINE = re.compile(r"^\s*\**\s*(%s)\s*\**\s*:\s*\**\s*(-?\d+(?:\.\d+)?)" % "|".join(RUBRIC), re.I | re.M)
 
 
 def judge_prompt(state: Dealership) -> list[dict[str, str]]:
@@ -355,15 +355,5 @@ def judge_prompt(state: Dealership) -> list[dict[str, str]]:
 
 
 def parse_rubric(text: str) -> dict[str, float]:
-    """Every criterion's 0-10 score, Overall read as given; the first score of a label wins."""
     _no_echo(text)
-    scores: dict[str, float] = {}
-    for name, value in _RUBRIC_LINE.findall(text):
-        scores.setdefault(next(f for f in RUBRIC if f.lower() == name.lower()), float(value))
-    missing = [f for f in RUBRIC if f not in scores]
-    if missing:
-        raise ValueError(f"missing scores: {', '.join(missing)}")
-    bad = {k: v for k, v in scores.items() if not 0 <= v <= 10}
-    if bad:
-        raise ValueError("scores outside 0..10: " + ", ".join(f"{k} {v:g}" for k, v in bad.items()))
-    return scores
+    return RUBRIC.parse(text)
