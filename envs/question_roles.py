@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import jinja2
 
+from envs.base import Counterfactual, Request
+from envs.reason_question import render_action
 from envs.rubric import Rubric
 
 # Marks of the games' prompts that an answer never contains unless it is repeating the prompt.
@@ -228,3 +230,77 @@ def parse_continuation(text: str, start: int, max_turns: int, read_answer: Calla
             raise ValueError(f"line {i + 2}: expected 'A{number}: {expected}', got {lines[i + 1].strip()[:50]!r}")
         pairs.append((q.group(2), answer))
     return pairs
+
+
+# ---- the requests both question games build alike ----
+
+
+def history(turns: Sequence[Mapping]) -> list[tuple[str, str]]:
+    """(question, answer) pairs of a trajectory's turns."""
+    return [(t["action"], t["observation"]) for t in turns]
+
+
+def replay_continuation(pairs: list[tuple[str, str]], start: int, replay, view: Callable, refused: Callable, answer: Callable) -> list[tuple[str, object]]:
+    """A forward model's continuation played out on `replay` (the game after the prefix): the game
+    must end exactly at its last line (a win, or the last question answered), and each question
+    must be a move the player could have made (`refused(view(replay), question)`: why not, or
+    None; the forward model knows the secret, its player must not use it). `answer(replay,
+    question, text)` is the game's answer to a line. Returns (action text, answer) per line."""
+    out = []
+    for k, (q, a) in enumerate(pairs):
+        if replay.done:
+            raise ValueError(f"Q{start + k} comes after the game ended")
+        if (why := refused(view(replay), q)) is not None:
+            raise ValueError(f"Q{start + k} {why}")
+        try:
+            reply = answer(replay, q, a)
+        except ValueError as e:
+            raise ValueError(f"A{start + k}: {e}") from None
+        replay.step(q, reply)
+        out.append((render_action("", q), reply))
+    if not replay.done:
+        raise ValueError(f"the continuation stops at Q{start + len(out) - 1} before the game ends")
+    return out
+
+
+class QuestionRoleRequests:
+    """HR's hindsight controller, the few-shot labeler and the rubric judge, as both question
+    games ask them. The environment gives its prompts (`prompt(template, **values)`), the name
+    its templates give the secret (`secret_key`), and `refused(task, prefix, question)`: why the
+    player could not have asked `question` after the logged turns `prefix`, or None."""
+
+    secret_key: str
+    max_turns: int
+    reward_range: tuple[float, float]
+
+    def prompt(self, template: str, **values) -> list[dict]:
+        raise NotImplementedError
+
+    def refused(self, task, prefix: Sequence[Mapping], question: str) -> str | None:
+        raise NotImplementedError
+
+    def controller_request(self, task, turns, top: int) -> Request[list[tuple[int, Counterfactual]]]:
+        played = history(turns)
+        prompt = self.prompt("controller.j2", **{self.secret_key: task.name}, dialogue=dialogue(played), top=top)
+
+        def parse(text: str) -> list[tuple[int, Counterfactual]]:
+            """parse_controller, refusing a replacement the player could not have asked at its
+            place (a guess of the secret with hindsight). HR's replacement is the utterance alone,
+            so its reason is empty; the critique uses hindsight and stays out of the action."""
+            out = []
+            for i, place in enumerate(parse_controller(text, [q for q, _ in played], top)):
+                if (why := self.refused(task, turns[: place.turn], place.replacement)) is not None:
+                    raise ValueError(f"place {i + 1}: the replacement {why}")
+                out.append((place.turn, Counterfactual(render_action("", place.replacement), place.replacement, "", place.critique)))
+            return out
+
+        return Request(prompt, parse)
+
+    def labeler_request(self, turns, examples) -> Request[float]:
+        shots = [{"dialogue": dialogue(history(t)), "reward": r} for t, r in examples]
+        prompt = self.prompt("labeler.j2", max_turns=self.max_turns, examples=shots, dialogue=dialogue(history(turns)))
+        low, high = self.reward_range
+        return Request(prompt, lambda text: parse_reward(text, low, high))
+
+    def judge_request(self, task_id: str, turns) -> Request[dict[str, float]]:
+        return Request(self.prompt("judge.j2", max_turns=self.max_turns, **{self.secret_key: task_id}, dialogue=dialogue(history(turns))), parse_rubric)

@@ -10,7 +10,7 @@ from pydantic import Field
 
 from envs.base import EMPTY_REPLY, Counterfactual, Environment, Label, Options, Policy, Request, Step, fraction_window, recorded_reply
 from envs.base import Game as BaseGame
-from envs.question_roles import dialogue, parse_controller, parse_proposals, parse_reward, parse_rubric, parse_summary
+from envs.question_roles import QuestionRoleRequests, dialogue, history, parse_proposals, parse_summary, replay_continuation
 from envs.reason_question import ActionParseError, ReasonQuestionActions, parse_action, render_action
 
 from . import proposer, summarizer
@@ -34,11 +34,6 @@ class GuessMyCityOptions(Options):
     max_turns: int = Field(MAX_TURNS, ge=1, le=100)  # HOPE: 10 questions, the last one a forced guess
     show_candidates: bool = True  # list every city in the prompts, as HOPE does: ~900 tokens of bootstrap's BPE, too many for the tiny model
     fact_breadth: int = Field(3, ge=1)  # fact sheets: each statement drawn from this many of the most telling
-
-
-def history(turns: Sequence[Mapping]) -> list[tuple[str, str]]:
-    """(question, answer) pairs of a trajectory's turns."""
-    return [(t["action"], t["observation"]) for t in turns]
 
 
 def hidden(city: City) -> list[str]:
@@ -114,8 +109,9 @@ class Scripted:
         return render_action(action.reason, action.question)
 
 
-class GuessMyCity(ReasonQuestionActions, Environment):
+class GuessMyCity(QuestionRoleRequests, ReasonQuestionActions, Environment):
     name = "guess_my_city"
+    secret_key = "city"  # what the role templates call it
     Options = GuessMyCityOptions
     options: GuessMyCityOptions
     splits = SPLITS
@@ -251,59 +247,29 @@ class GuessMyCity(ReasonQuestionActions, Environment):
 
         return Request(prompt, parse)
 
-    def controller_request(self, task: City, turns, top: int) -> Request[list[tuple[int, Counterfactual]]]:
-        played = history(turns)
-        prompt = chat("controller.j2", city=task.name, dialogue=dialogue(played), top=top)
-
-        def parse(text: str) -> list[tuple[int, Counterfactual]]:
-            """parse_controller, refusing a replacement the player could not have asked at its
-            place. HR's replacement is the utterance alone, so its reason is empty; the critique
-            uses hindsight and stays out of the action."""
-            out = []
-            for i, place in enumerate(parse_controller(text, [q for q, _ in played], top)):
-                if (why := self._player_move(task, self.view(turns[: place.turn]), place.replacement)) is not None:
-                    raise ValueError(f"place {i + 1}: the replacement {why}")
-                out.append((place.turn, Counterfactual(render_action("", place.replacement), place.replacement, "", place.critique)))
-            return out
-
-        return Request(prompt, parse)
-
     def forward_request(self, game: GuessMyCityGame) -> Request[list[tuple[str, Answer]]]:
         task, start = game.task, game.turn + 1
         prompt = chat("forward.j2", city=task.name, country=task.country, max_turns=self.max_turns,
                       dialogue=dialogue(list(game.state.history)), start=start, candidates=self.shown())
 
+        def answer(replay: Game, question: str, text: str) -> Answer:
+            """A guess is answered by the rules; no other answer may name the city or its country."""
+            return replay.answer(question) if guessed_city(self.cities, question) is not None else Answer(read_answer(text, hidden(task)), False, False)
+
         def parse(text: str) -> list[tuple[str, Answer]]:
-            """Replays the continuation: the game must end exactly at its last line (a guess, or
-            the last question answered); the player must never make a move it could not have
-            made (the forward model knows the secret; its player must not use it); no answer may
-            name the city or its country, and a guess is answered by the rules."""
             replay = Game(self.cities, task, self.oracle.answer, max_turns=self.max_turns)
             replay.restore(list(game.state.history))
-            out = []
-            for k, (q, a) in enumerate(parse_continuation(text, start, self.max_turns)):
-                if replay.done:
-                    raise ValueError(f"Q{start + k} comes after the game ended")
-                view = PlayerView(self.candidates, list(replay.history), replay.turn, self.max_turns)
-                if (why := self._player_move(task, view, q)) is not None:
-                    raise ValueError(f"Q{start + k} {why}")
-                try:
-                    answer = replay.answer(q) if guessed_city(self.cities, q) is not None else Answer(read_answer(a, hidden(task)), False, False)
-                except ValueError as e:
-                    raise ValueError(f"A{start + k}: {e}") from None
-                replay.step(q, answer)
-                out.append((render_action("", q), answer))
-            if not replay.done:
-                raise ValueError(f"the continuation stops at Q{start + len(out) - 1} before the game ends")
-            return out
+            return replay_continuation(
+                parse_continuation(text, start, self.max_turns), start, replay,
+                view=lambda r: PlayerView(self.candidates, list(r.history), r.turn, self.max_turns),
+                refused=lambda view, q: self._player_move(task, view, q),
+                answer=answer,
+            )
 
         return Request(prompt, parse)
 
-    def labeler_request(self, turns, examples) -> Request[float]:
-        shots = [{"dialogue": dialogue(history(t)), "reward": r} for t, r in examples]
-        prompt = chat("labeler.j2", max_turns=self.max_turns, examples=shots, dialogue=dialogue(history(turns)))
-        low, high = self.reward_range
-        return Request(prompt, lambda text: parse_reward(text, low, high))
+    def prompt(self, template: str, **values) -> list[dict]:
+        return chat(template, **values)
 
-    def judge_request(self, task_id: str, turns) -> Request[dict[str, float]]:
-        return Request(chat("judge.j2", max_turns=self.max_turns, city=task_id, dialogue=dialogue(history(turns))), parse_rubric)
+    def refused(self, task: City, prefix, question: str) -> str | None:
+        return self._player_move(task, self.view(prefix), question)

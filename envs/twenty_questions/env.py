@@ -21,7 +21,7 @@ from envs.base import (
     recorded_reply,
 )
 from envs.base import Game as BaseGame
-from envs.question_roles import dialogue, parse_controller, parse_proposals, parse_reward, parse_rubric, parse_summary
+from envs.question_roles import QuestionRoleRequests, dialogue, history, parse_proposals, parse_summary, replay_continuation
 from envs.reason_question import ReasonQuestionActions
 
 from . import labeler, proposer, summarizer
@@ -44,11 +44,6 @@ class TwentyQuestionsOptions(Options):
     show_candidates: bool = False  # list the split's objects in the prompts (HOPE does; costs tokens)
     fact_breadth: int = Field(3, ge=1)  # fact sheets: each statement drawn from this many of the most telling
     fact_form: Literal["statements", "guess"] = "statements"  # statements given, or written as a guess's reason
-
-
-def history(turns: Sequence[Mapping]) -> list[tuple[str, str]]:
-    """(question, answer) pairs of a trajectory's turns."""
-    return [(t["action"], t["observation"]) for t in turns]
 
 
 def llm_answer(kb: KnowledgeBase, secret: Entity, question: str, text: str) -> Answer:
@@ -135,8 +130,9 @@ class Scripted:
         return render_action(action.reason, action.question)
 
 
-class TwentyQuestions(ReasonQuestionActions, Environment):
+class TwentyQuestions(QuestionRoleRequests, ReasonQuestionActions, Environment):
     name = "twenty_questions"
+    secret_key = "secret"  # what the role templates call it
     Options = TwentyQuestionsOptions
     options: TwentyQuestionsOptions
     splits = tuple(EXPECTED_COUNTS)
@@ -251,55 +247,24 @@ class TwentyQuestions(ReasonQuestionActions, Environment):
 
         return Request(prompt, parse)
 
-    def controller_request(self, task: Entity, turns, top: int) -> Request[list[tuple[int, Counterfactual]]]:
-        played = history(turns)
-        prompt = chat("controller.j2", secret=task.name, dialogue=dialogue(played), top=top)
-
-        def parse(text: str) -> list[tuple[int, Counterfactual]]:
-            """parse_controller, refusing a replacement that guesses the secret with hindsight at
-            its place. HR's replacement is the utterance alone, so its reason is empty; the
-            critique uses hindsight and stays out of the action."""
-            out = []
-            for i, place in enumerate(parse_controller(text, [q for q, _ in played], top)):
-                if (why := proposer.unjustified_guess(self.kb, task, self.view(task, turns[: place.turn]), place.replacement)) is not None:
-                    raise ValueError(f"place {i + 1}: the replacement {why}")
-                out.append((place.turn, Counterfactual(render_action("", place.replacement), place.replacement, "", place.critique)))
-            return out
-
-        return Request(prompt, parse)
-
     def forward_request(self, game: TwentyQuestionsGame) -> Request[list[tuple[str, Answer]]]:
         task, start = game.task, game.turn + 1
         prompt = chat("forward.j2", secret=task.name, category=task.category, max_turns=self.max_turns, dialogue=dialogue(list(game.state.history)), start=start)
 
         def parse(text: str) -> list[tuple[str, Answer]]:
-            """Replays the continuation: the game must end exactly at its last line (a win, or the
-            last question answered), and the player must never guess the secret before the
-            answers so far justify that guess (the forward model knows the secret; its player
-            must not use it)."""
             replay = Game(self.kb, task, max_turns=self.max_turns)
             replay.restore(list(game.state.history))
-            out = []
-            for k, (q, a) in enumerate(parse_continuation(text, start, self.max_turns)):
-                if replay.done:
-                    raise ValueError(f"Q{start + k} comes after the game ended")
-                view = PlayerView(game.candidates, list(replay.history), replay.turn, self.max_turns)
-                if (why := proposer.unjustified_guess(self.kb, task, view, q)) is not None:
-                    raise ValueError(f"Q{start + k} {why}")
-                answer = llm_answer(self.kb, task, q, a)
-                replay.step(q, answer)
-                out.append((render_action("", q), answer))
-            if not replay.done:
-                raise ValueError(f"the continuation stops at Q{start + len(out) - 1} before the game ends")
-            return out
+            return replay_continuation(
+                parse_continuation(text, start, self.max_turns), start, replay,
+                view=lambda r: PlayerView(game.candidates, list(r.history), r.turn, self.max_turns),
+                refused=lambda view, q: proposer.unjustified_guess(self.kb, task, view, q),
+                answer=lambda r, q, a: llm_answer(self.kb, task, q, a),
+            )
 
         return Request(prompt, parse)
 
-    def labeler_request(self, turns, examples) -> Request[float]:
-        shots = [{"dialogue": dialogue(history(t)), "reward": r} for t, r in examples]
-        prompt = chat("labeler.j2", max_turns=self.max_turns, examples=shots, dialogue=dialogue(history(turns)))
-        low, high = self.reward_range
-        return Request(prompt, lambda text: parse_reward(text, low, high))
+    def prompt(self, template: str, **values) -> list[dict]:
+        return chat(template, **values)
 
-    def judge_request(self, task_id: str, turns) -> Request[dict[str, float]]:
-        return Request(chat("judge.j2", max_turns=self.max_turns, secret=task_id, dialogue=dialogue(history(turns))), parse_rubric)
+    def refused(self, task: Entity, prefix, question: str) -> str | None:
+        return proposer.unjustified_guess(self.kb, task, self.view(task, prefix), question)
