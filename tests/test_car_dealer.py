@@ -726,3 +726,58 @@ def test_bootstrap_and_collect_store_car_dealer_trajectories(tmp_path):
                    for call, tool in zip(body[::4], body[1::4]))
     # The dialogues outgrow the model's positions too: the hf backend reads them whole and counts them.
     assert c["prompt_tokens"]["prompts_over_positions"] > 0
+
+
+def test_scripted_sales_go_through_the_hindsight_stages_and_the_export_carries_the_tools(tmp_path, tiny_model_dir):
+    """summarize, relabel (HOPE's window [2, T-1]), regenerate with a model, label and standardize
+    on CarDealer, with its oracle roles: every row passes the checks, and the export holds the
+    database APIs beside each dialogue, as TRL reads them."""
+    from datasets import load_dataset
+
+    from conftest import tiny_params
+    from tasks.bootstrap import demonstrations
+    from tasks.label import run_label
+    from tasks.params import Params
+    from tasks.regenerate import run_regenerate
+    from tasks.relabel import run_relabel
+    from tasks.standardize import run_standardize
+    from tasks.summarize import run_summarize
+
+    tokens = {"max_new_tokens": 100}
+    raw = tiny_params({"bootstrap": {"facts_per_object": 0, "demos_per_task": 1, "limit_tasks": 2, "eval_sampling": tokens,
+                                     "behaviour_mix": {"expert": 0.4, "noisy": 0.3, "random": 0.3}},
+                       "regenerate": {"sampling": tokens}})
+    raw["env"] = {"name": "car_dealer"}
+    p = Params.model_validate(raw)
+    env = p.env.environment()
+    demos = demonstrations(p)
+    write_table(to_table([e.to_row() for e in demos], "trajectories"), tmp_path / "trajectories.parquet", "trajectories")
+    logged = {r["trajectory_id"]: r for r in from_table(read_table(tmp_path / "trajectories.parquet"))}
+    n = len(logged)
+
+    assert run_summarize(p, tmp_path / "trajectories.parquet", tmp_path)["summaries"] == n
+    summaries = read_table(tmp_path / "summaries.parquet").to_pylist()
+    assert all("### Summary of the buyer" in s["summary"] for s in summaries)
+    m = run_relabel(p, tmp_path / "trajectories.parquet", tmp_path / "summaries.parquet", tmp_path / "relabel")
+    relabels = read_table(tmp_path / "relabel/relabels.parquet").to_pylist()
+    assert m["relabels"] == len(relabels) > 0
+    for r in relabels:
+        assert 2 <= r["branch_turn"] <= logged[r["trajectory_id"]]["num_turns"] - 1
+
+    run_regenerate(p, tmp_path / "trajectories.parquet", tmp_path / "relabel/relabels.parquet", tiny_model_dir, tmp_path / "regen")
+    kept, quarantine = read_checked(tmp_path / "regen/trajectories.parquet", "trajectories")
+    regens = from_table(kept)
+    assert quarantine.num_rows == 0 and len(regens) == len(relabels)
+    for g in regens:
+        parent = logged[g["parent_id"]]
+        # The logged prefix is kept as it was, tool calls and results included, up to the branch.
+        assert g["source"] == "regeneration" and g["turns"][: g["branch_turn"]] == parent["turns"][: g["branch_turn"]]
+    labels = run_label(p, [tmp_path / "trajectories.parquet", tmp_path / "regen/trajectories.parquet"], tmp_path / "label")
+    assert labels["labels"] == n + len(regens) and labels["logged_return_mismatches"] == 0
+
+    run_standardize(p, [tmp_path / "trajectories.parquet", tmp_path / "regen/trajectories.parquet"], tmp_path / "label/labels.parquet", tmp_path / "std")
+    kept, quarantine = read_checked(tmp_path / "std/export/train.parquet", "export")
+    assert quarantine.num_rows == 0 and kept.num_rows == n + len(regens)
+    loaded = load_dataset("parquet", data_files=str(tmp_path / "std/export/train.parquet"), split="train")
+    assert all(json.loads(t) == env.tools() for t in loaded["tools"])
+    assert any(m.get("tool_calls") for m in loaded[0]["messages"])
