@@ -1,6 +1,9 @@
 """The hf backend: a dialogue continued from its kept keys and values gives what a full encode gives."""
 import random
+import shutil
+from pathlib import Path
 
+import pytest
 import torch
 
 from models.base import SamplingParams
@@ -16,9 +19,9 @@ def _conversation(n: int) -> list[dict]:
 def test_a_continued_dialogue_matches_a_full_encode(tiny_model_dir):
     gen = HFGenerator(tiny_model_dir, batch_size=8)
     first = [_conversation(n) for n in (1, 3, 2)]
-    gen.generate(first, GREEDY, [0, 1, 2])  # replies cut at 6 tokens: kept under prompt + reply tokens
+    gen.generate(first, GREEDY, [0, 1, 2])  # replies cut at 6 tokens: kept under prompt + reply tokens, and the prompt alone
     keys = sorted(gen._kept, key=len)
-    assert len(keys) == 3
+    assert len(keys) == 6 and sum(k in {tuple(gen._ids(c, True)) for c in first} for k in keys) == 3
     extra = gen.tokenizer("<|end|><|user|>Answer: no. Turn 2 of 20.<|end|><|assistant|>", add_special_tokens=False)["input_ids"]
     # Rows of different kept lengths and different new lengths share one batch (padding in both).
     items = [(list(k) + extra[: len(extra) - i], k) for i, k in enumerate(keys)]
@@ -27,8 +30,8 @@ def test_a_continued_dialogue_matches_a_full_encode(tiny_model_dir):
     _, _, logits_full, pos_full = fresh._prefill([(ids, None) for ids, _ in items], room=0)
     assert torch.equal(pos_continued, pos_full)
     torch.testing.assert_close(logits_continued, logits_full, atol=1e-4, rtol=1e-4)
-    continued, _ = gen._generate_batch(items, GREEDY, [random.Random(0)] * 3)
-    full, _ = fresh._generate_batch([(ids, None) for ids, _ in items], GREEDY, [random.Random(0)] * 3)
+    continued, _ = gen._generate_batch(items, GREEDY, [random.Random(0)] * 6)
+    full, _ = fresh._generate_batch([(ids, None) for ids, _ in items], GREEDY, [random.Random(0)] * 6)
     assert continued == full and any(continued)
 
 
@@ -65,3 +68,57 @@ def test_a_requests_text_does_not_depend_on_its_batch(tiny_model_dir):
     assert together == alone == reordered
     other_seeds = HFGenerator(tiny_model_dir, batch_size=8).generate(convs, sampling, [21, 22, 23, 24])
     assert other_seeds != together
+
+
+@pytest.fixture(scope="module")
+def ending_model_dir(untied_model_dir, tmp_path_factory) -> Path:
+    """The untied tiny model with a larger end-of-turn row in its head: its sampled replies end
+    after a few tokens or run on, as a trained policy's short questions and long guesses do."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(untied_model_dir)
+    model.lm_head.weight.data[model.config.eos_token_id] *= 3.0
+    out = tmp_path_factory.mktemp("ending") / "model"
+    model.save_pretrained(out)
+    for f in untied_model_dir.iterdir():
+        if f.suffix != ".safetensors" and f.name != "config.json":
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def test_finished_rows_leave_the_batch_and_change_no_text_or_kept_state(ending_model_dir):
+    """Once half a batch has ended its replies, those rows are dropped from the forward passes:
+    the texts are those generated alone, and the dropped rows' kept states continue as a full
+    encode does."""
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=48)
+    convs = [_conversation(n) for n in range(1, 13)]
+    seeds = list(range(100, 112))
+    gen = HFGenerator(ending_model_dir, batch_size=16)
+    widths, forward = [], gen.model.forward
+    gen.model.forward = lambda *a, **k: widths.append(k["input_ids"].shape[0]) or forward(*a, **k)
+    together = gen.generate(convs, sampling, seeds)
+    assert widths[0] == 12 and min(widths) <= 6  # half the rows were dropped
+    alone = [HFGenerator(ending_model_dir, batch_size=1).generate([c], sampling, [s])[0] for c, s in zip(convs, seeds)]
+    assert together == alone
+    # Each row's kept keys and values (dropped rows' included) continue as a full encode does.
+    extra = gen.tokenizer("<|user|>Answer: no. Turn 2 of 20.<|end|><|assistant|>", add_special_tokens=False)["input_ids"]
+    items = [(list(k) + extra, k) for k in gen._kept]
+    assert len(items) == 24  # each dialogue with its reply, and its prompt alone
+    fresh = HFGenerator(ending_model_dir, batch_size=32, reuse_prefix=False)
+    continued, _ = gen._generate_batch(items, GREEDY, [random.Random(0)] * 24)
+    full, _ = fresh._generate_batch([(ids, None) for ids, _ in items], GREEDY, [random.Random(0)] * 24)
+    assert continued == full
+
+
+def test_a_reply_that_does_not_tokenize_back_continues_from_its_prompt(tiny_model_dir):
+    """An untrained model's reply, cut at max_new_tokens, is text that tokenizes differently: the
+    next turn reuses the prompt's keys and values and encodes the reply and observation anew."""
+    convs = [_conversation(n) for n in (1, 2, 3)]
+    gen = HFGenerator(tiny_model_dir, batch_size=8)
+    replies = gen.generate(convs, SamplingParams(temperature=1.0, max_new_tokens=12), [0, 1, 2])
+    following = [c + [{"role": "assistant", "content": r.text}, {"role": "user", "content": "Answer: no. Turn 2 of 20."}] for c, r in zip(convs, replies)]
+    prompts = [len(gen._ids(c, True)) for c in convs]
+    before = gen.stats["prompt_tokens_reused"]
+    continued = gen.generate(following, GREEDY, [3, 4, 5])
+    assert gen.stats["prompt_tokens_reused"] - before == sum(prompts)
+    assert continued == HFGenerator(tiny_model_dir, batch_size=8, reuse_prefix=False).generate(following, GREEDY, [3, 4, 5])
