@@ -119,13 +119,30 @@ def checked_overrides(overrides: list[str]) -> list[str]:
     return out
 
 
+def env_switch(overrides: list[str], params: Path) -> list[str]:
+    """Deletions for `-S env.name=X` naming another environment than params.yaml's: the env keys
+    params.yaml holds were written for the old one (TwentyQuestions' 20 turns are not
+    GuessMyCity's 10), so X starts from its own defaults and the env keys the overrides set."""
+    given = {}
+    for override in overrides:
+        if m := re.fullmatch(r"(?:\+\+|\+)?env\.([^.=]+)=(.*)", override.strip(), re.S):
+            given[m.group(1)] = m.group(2)
+    if "name" not in given:
+        return []
+    env = (yaml.safe_load(params.read_text()) or {}).get("env") or {}
+    if yaml.safe_load(given["name"]) == env.get("name"):
+        return []
+    return [f"~env.{key}" for key in env if key != "name" and key not in given]
+
+
 def apply_overrides(overrides: list[str], params: Path = Path("params.yaml")) -> None:
-    """`-S relabel.k=8`: the same override grammar as `dvc exp run -S` (Hydra), applied to params.yaml."""
+    """`-S relabel.k=8`: the same override grammar as `dvc exp run -S` (Hydra), applied to params.yaml.
+    A switch of environment drops the old one's env keys first (env_switch)."""
     from dvc.exceptions import InvalidArgumentError
     from dvc.utils.hydra import apply_overrides as hydra_apply
 
     try:
-        hydra_apply(params, checked_overrides(overrides))
+        hydra_apply(params, checked_overrides(env_switch(overrides, params) + overrides))
     except InvalidArgumentError as e:
         cause = e.__cause__
         raise ValueError(f"{' '.join(overrides)}: {cause or e}") from None

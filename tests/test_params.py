@@ -111,3 +111,21 @@ def test_overrides_are_checked_before_hydra_applies_them(tmp_path):
     apply_overrides(["relabel.k=3", "+relabel.n=1", "roles.summarizer.model=tiny", "train.methods.mine.algorithm=sft"], path)
     p = load_params(path)
     assert (p.relabel.k, p.relabel.n, p.roles.summarizer.model, p.train.methods["mine"].algorithm) == (3, 1, "tiny", "sft")
+
+
+def test_switching_environment_drops_the_old_ones_env_keys(tmp_path):
+    """params.yaml's env keys were written for TwentyQuestions: -S env.name=guess_my_city starts
+    GuessMyCity from its own defaults (10 questions, candidates shown), plus the env keys given."""
+    from flows.pipeline import apply_overrides
+
+    path = _write(tmp_path, lambda r: None)
+    assert yaml.safe_load(path.read_text())["env"] == {"name": "twenty_questions", "max_turns": 20, "show_candidates": False}
+    apply_overrides(["env.max_turns=12"], path)  # the same environment: its keys stay
+    assert yaml.safe_load(path.read_text())["env"] == {"name": "twenty_questions", "max_turns": 12, "show_candidates": False}
+    apply_overrides(["env.name=guess_my_city"], path)
+    assert yaml.safe_load(path.read_text())["env"] == {"name": "guess_my_city"}
+    assert (load_params(path).env.environment().max_turns, load_params(path).env.environment().options.show_candidates) == (10, True)
+    apply_overrides(["env.name=twenty_questions", "env.show_candidates=true"], path)
+    assert yaml.safe_load(path.read_text())["env"] == {"name": "twenty_questions", "show_candidates": True}
+    apply_overrides(["env.name=car_dealer", "env.max_turns=6"], path)
+    assert yaml.safe_load(path.read_text())["env"] == {"name": "car_dealer", "max_turns": 6}
