@@ -19,9 +19,9 @@ def _conversation(n: int) -> list[dict]:
 def test_a_continued_dialogue_matches_a_full_encode(tiny_model_dir):
     gen = HFGenerator(tiny_model_dir, batch_size=8)
     first = [_conversation(n) for n in (1, 3, 2)]
-    gen.generate(first, GREEDY, [0, 1, 2])  # replies cut at 6 tokens: kept under prompt + reply tokens, and the prompt alone
+    gen.generate(first, GREEDY, [0, 1, 2])  # replies cut at 6 tokens: kept under prompt + reply tokens
     keys = sorted(gen._kept, key=len)
-    assert len(keys) == 6 and sum(k in {tuple(gen._ids(c, True)) for c in first} for k in keys) == 3
+    assert len(keys) == 3
     extra = gen.tokenizer("<|end|><|user|>Answer: no. Turn 2 of 20.<|end|><|assistant|>", add_special_tokens=False)["input_ids"]
     # Rows of different kept lengths and different new lengths share one batch (padding in both).
     items = [(list(k) + extra[: len(extra) - i], k) for i, k in enumerate(keys)]
@@ -30,8 +30,8 @@ def test_a_continued_dialogue_matches_a_full_encode(tiny_model_dir):
     _, _, logits_full, pos_full = fresh._prefill([(ids, None) for ids, _ in items], room=0)
     assert torch.equal(pos_continued, pos_full)
     torch.testing.assert_close(logits_continued, logits_full, atol=1e-4, rtol=1e-4)
-    continued, _ = gen._generate_batch(items, GREEDY, [random.Random(0)] * 6)
-    full, _ = fresh._generate_batch([(ids, None) for ids, _ in items], GREEDY, [random.Random(0)] * 6)
+    continued, _ = gen._generate_batch(items, GREEDY, [random.Random(0)] * 3)
+    full, _ = fresh._generate_batch([(ids, None) for ids, _ in items], GREEDY, [random.Random(0)] * 3)
     assert continued == full and any(continued)
 
 
@@ -103,22 +103,8 @@ def test_finished_rows_leave_the_batch_and_change_no_text_or_kept_state(ending_m
     # Each row's kept keys and values (dropped rows' included) continue as a full encode does.
     extra = gen.tokenizer("<|user|>Answer: no. Turn 2 of 20.<|end|><|assistant|>", add_special_tokens=False)["input_ids"]
     items = [(list(k) + extra, k) for k in gen._kept]
-    assert len(items) == 24  # each dialogue with its reply, and its prompt alone
-    fresh = HFGenerator(ending_model_dir, batch_size=32, reuse_prefix=False)
-    continued, _ = gen._generate_batch(items, GREEDY, [random.Random(0)] * 24)
-    full, _ = fresh._generate_batch([(ids, None) for ids, _ in items], GREEDY, [random.Random(0)] * 24)
+    assert len(items) == 12
+    fresh = HFGenerator(ending_model_dir, batch_size=16, reuse_prefix=False)
+    continued, _ = gen._generate_batch(items, GREEDY, [random.Random(0)] * 12)
+    full, _ = fresh._generate_batch([(ids, None) for ids, _ in items], GREEDY, [random.Random(0)] * 12)
     assert continued == full
-
-
-def test_a_reply_that_does_not_tokenize_back_continues_from_its_prompt(tiny_model_dir):
-    """An untrained model's reply, cut at max_new_tokens, is text that tokenizes differently: the
-    next turn reuses the prompt's keys and values and encodes the reply and observation anew."""
-    convs = [_conversation(n) for n in (1, 2, 3)]
-    gen = HFGenerator(tiny_model_dir, batch_size=8)
-    replies = gen.generate(convs, SamplingParams(temperature=1.0, max_new_tokens=12), [0, 1, 2])
-    following = [c + [{"role": "assistant", "content": r.text}, {"role": "user", "content": "Answer: no. Turn 2 of 20."}] for c, r in zip(convs, replies)]
-    prompts = [len(gen._ids(c, True)) for c in convs]
-    before = gen.stats["prompt_tokens_reused"]
-    continued = gen.generate(following, GREEDY, [3, 4, 5])
-    assert gen.stats["prompt_tokens_reused"] - before == sum(prompts)
-    assert continued == HFGenerator(tiny_model_dir, batch_size=8, reuse_prefix=False).generate(following, GREEDY, [3, 4, 5])
