@@ -221,7 +221,7 @@ class HFGenerator:
             # pass: once half the rows are done, they are kept and dropped from the batch. A row's
             # tokens come from its own generator, so its text does not depend on this.
             if 2 * int(live.sum()) <= len(rows) and len(rows) >= 8:
-                keep(( ~live).nonzero().flatten().tolist())
+                keep((~live).nonzero().flatten().tolist())
                 at = live.nonzero().flatten()
                 for layer in past.layers:
                     layer.keys, layer.values = layer.keys.index_select(0, at), layer.values.index_select(0, at)
