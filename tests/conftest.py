@@ -172,9 +172,13 @@ def untied_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     torch.manual_seed(1)
     model = AutoModelForCausalLM.from_config(config)
     model.lm_head.weight.data.normal_(0, 0.3)  # wide logit gaps: greedy is not decided by rounding
-    out = tmp_path_factory.mktemp("untied") / "untied"
+    return save_variant(model, tiny_model_dir, tmp_path_factory.mktemp("untied") / "untied")
+
+
+def save_variant(model, like: Path, out: Path) -> Path:
+    """A changed copy of the model directory `like`: the model's weights and config, its tokenizer."""
     model.save_pretrained(out)
-    for f in tiny_model_dir.iterdir():
+    for f in like.iterdir():
         if f.suffix != ".safetensors" and f.name != "config.json":
             shutil.copy(f, out / f.name)
     return out

@@ -1,11 +1,11 @@
 """The hf backend: a dialogue continued from its kept keys and values gives what a full encode gives."""
 import random
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import save_variant
 from models.base import SamplingParams
 from models.hf import HFGenerator, sample
 
@@ -78,12 +78,7 @@ def ending_model_dir(untied_model_dir, tmp_path_factory) -> Path:
 
     model = AutoModelForCausalLM.from_pretrained(untied_model_dir)
     model.lm_head.weight.data[model.config.eos_token_id] *= 3.0
-    out = tmp_path_factory.mktemp("ending") / "model"
-    model.save_pretrained(out)
-    for f in untied_model_dir.iterdir():
-        if f.suffix != ".safetensors" and f.name != "config.json":
-            shutil.copy(f, out / f.name)
-    return out
+    return save_variant(model, untied_model_dir, tmp_path_factory.mktemp("ending") / "model")
 
 
 def test_finished_rows_leave_the_batch_and_change_no_text_or_kept_state(ending_model_dir):
