@@ -662,15 +662,24 @@ def _export_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Pr
     for check in (_nulls(inner), _enums(inner, rules), _blanks(inner, rules), _messages_rules(messages, inner)):
         yield from check
     yield from _weight_rules(batch)
+    # Every row of an environment's export holds the same tools: each distinct text is read once.
+    verdicts: dict[str, str | None] = {}
     for r, text in enumerate(batch.column("tools").to_pylist()):
         if text is not None:
-            try:
-                tools = json.loads(text)
-            except ValueError as e:
-                yield r, "tools", f"not JSON ({e})"
-                continue
-            if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
-                yield r, "tools", f"JSON {type(tools).__name__}, expected a list of tool objects"
+            if text not in verdicts:
+                verdicts[text] = _tools_problem(text)
+            if verdicts[text]:
+                yield r, "tools", verdicts[text]
+
+
+def _tools_problem(text: str) -> str | None:
+    try:
+        tools = json.loads(text)
+    except ValueError as e:
+        return f"not JSON ({e})"
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        return f"JSON {type(tools).__name__}, expected a list of tool objects"
+    return None
 
 
 class _BadMessage(Exception):
