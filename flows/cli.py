@@ -17,6 +17,7 @@ console = Console()
 
 def _stage_flows() -> dict:
     from flows.bootstrap import bootstrap_flow
+    from flows.buffer import buffer_flow
     from flows.collect import collect_flow
     from flows.evaluate import evaluate_flow
     from flows.label import label_flow
@@ -34,6 +35,7 @@ def _stage_flows() -> dict:
         "regenerate": regenerate_flow,
         "label": label_flow,
         "standardize": standardize_flow,
+        "buffer": buffer_flow,
         "train": train_flow,
         "evaluate": evaluate_flow,
     }

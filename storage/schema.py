@@ -211,8 +211,28 @@ EXPORT = TableSchema(
     ),
 )
 
+# HOPE's replay buffer (tasks/buffer.py): one row per distinct (state, action) pair.
+PAIRS = TableSchema(
+    "pairs",
+    1,
+    pa.schema(
+        [
+            _f("key", pa.string()),  # sha256 of the serialised state and action
+            _f("prompt", MESSAGES),  # the chat up to the state
+            _f("action", MESSAGE),  # the agent's message
+            _f("turn", pa.int32()),  # turns[].turn of the action
+            _f("target_raw", pa.float64()),  # Eq. 3: mean discounted return-to-go over the trajectories through the pair
+            _f("target", pa.float64()),  # in [0, 1]: what the critic learns
+            _f("count", pa.int32()),  # |G(s, a)|
+            _f("source", pa.string()),  # on-policy | hindsight
+            _f("trajectory_ids", pa.list_(_f("item", pa.string()))),
+            _f("selected", pa.bool_()),  # kept by the balance
+        ]
+    ),
+)
+
 SCHEMAS: dict[str, TableSchema] = {
-    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT)
+    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT, PAIRS)
 }
 
 # What makes a trajectory itself; outcome columns (turns, return, success) are derived from it.

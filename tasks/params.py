@@ -255,6 +255,17 @@ class StandardizeParams(Strict):
     clip: float | None = Field(None, gt=0)
 
 
+class BufferParams(Strict):
+    splits: list[Split] = Field(["train"], min_length=1)
+    gamma: float = Field(0.95, gt=0, le=1)  # HOPE's code; the paper gives none
+    # the critic's targets in [0, 1]: outcome: 0.5 * (1 + gamma^(T-1-t) * (+1 won / -1 lost)), the
+    # reference code's; return_range: Eq. 3's return-to-go mapped from the environment's reward range
+    target: Literal["outcome", "return_range"] = "outcome"
+    size: int = Field(10000, ge=1)  # pairs the critic trains on (HOPE: 10k for 20Q and GMC)
+    low_share: float | None = Field(0.5, gt=0, lt=1)  # share of targets < 0.5 (HOPE: 0.5); null: no balancing
+    alpha: float | None = Field(0.4, ge=0, le=1)  # hindsight share of the high half (HOPE 20Q: 0.4); 0: PRM+RL, no regenerations
+
+
 class MethodParams(Strict):
     algorithm: Literal["sft", "refit", "swift", "filtered_bc"]
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
@@ -329,6 +340,7 @@ class Params(Strict):
     relabel: RelabelParams
     regenerate: RegenerateParams
     standardize: StandardizeParams
+    buffer: BufferParams = BufferParams()
     train: TrainStageParams
     evaluate: EvaluateParams
 
