@@ -19,6 +19,7 @@ def _stage_flows() -> dict:
     from flows.bootstrap import bootstrap_flow
     from flows.buffer import buffer_flow
     from flows.collect import collect_flow
+    from flows.critic import critic_flow
     from flows.evaluate import evaluate_flow
     from flows.label import label_flow
     from flows.regenerate import regenerate_flow
@@ -36,6 +37,7 @@ def _stage_flows() -> dict:
         "label": label_flow,
         "standardize": standardize_flow,
         "buffer": buffer_flow,
+        "critic": critic_flow,
         "train": train_flow,
         "evaluate": evaluate_flow,
     }

@@ -266,6 +266,20 @@ class BufferParams(Strict):
     alpha: float | None = Field(0.4, ge=0, le=1)  # hindsight share of the high half (HOPE 20Q: 0.4); 0: PRM+RL, no regenerations
 
 
+class CriticParams(Strict):
+    base_model: str = "data/bootstrap/model"  # the policy the critic starts from (HOPE: pi_0)
+    epochs: float = Field(2, gt=0)  # HOPE: 1 (lr 5e-6, batch 64, a 3B model)
+    batch_size: int = Field(16, ge=1)
+    learning_rate: float = Field(1.0e-3, gt=0)
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    bf16: bool | Literal["auto"] = "auto"
+    heldout_share: float = Field(0.1, ge=0, lt=1)  # selected pairs kept out of training: the calibration's
+    deepspeed: str | None = "tasks/train/deepspeed_zero3.json"  # as train.deepspeed
+    nproc_per_node: int = Field(1, ge=1)
+    max_loss_ratio: float | None = Field(10.0, gt=1)
+
+
 class MethodParams(Strict):
     algorithm: Literal["sft", "refit", "swift", "filtered_bc"]
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
@@ -341,6 +355,7 @@ class Params(Strict):
     regenerate: RegenerateParams
     standardize: StandardizeParams
     buffer: BufferParams = BufferParams()
+    critic: CriticParams = CriticParams()
     train: TrainStageParams
     evaluate: EvaluateParams
 

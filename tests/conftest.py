@@ -36,6 +36,7 @@ TINY = {
     "collect": {"splits": ["train", "val"], "m": 2, "limit_tasks": 3, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
     "relabel": {"k": 2, "t": 1, "n": 2},
     "regenerate": {"sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
+    "critic": {"epochs": 1, "batch_size": 8},
     "train": {"epochs": 1, "batch_size": 4, "methods": {"sft": {"algorithm": "sft"}}},  # added to params.yaml's
     "evaluate": {"limit_tasks": 1, "episodes_per_task": 2, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
 }

@@ -89,6 +89,35 @@ def test_zero3_on_two_cpu_ranks_matches_one_process_on_the_same_global_batch(tin
     assert json.loads((tmp_path / "two/metrics.json").read_text())["world_size"] == 2  # rank 0 wrote it
 
 
+def test_the_critic_on_two_cpu_ranks_matches_one_process(tiny_model_dir, tmp_path):
+    from test_critic import pairs_table
+
+    from storage.schema import to_table
+    from tasks.critic import run_critic
+    from tasks.train.critic import load_critic
+
+    write_table(to_table(pairs_table(35), "pairs"), tmp_path / "pairs.parquet", "pairs")  # 32 selected: whole global batches of 8
+
+    def params(nproc: int, batch_size: int) -> Params:
+        return Params.model_validate(tiny_params({"critic": {
+            "base_model": str(tiny_model_dir), "nproc_per_node": nproc, "batch_size": batch_size, "epochs": 2, "heldout_share": 0.0,
+            "deepspeed": str(ROOT / "tasks/train/deepspeed_zero3.json"), "bf16": False,  # float32 on both sides, as above
+        }}))
+
+    two = run_critic(params(2, 4), tmp_path / "pairs.parquet", tmp_path / "two")
+    one = run_critic(params(1, 8), tmp_path / "pairs.parquet", tmp_path / "one")
+    assert two["world_size"] == 2 and "world_size" not in one
+    assert all(0.4 * two["partition"]["elements"] < n < 0.6 * two["partition"]["elements"] for n in two["partition"]["held_by_rank"])
+    curve2, curve1 = (json.loads((tmp_path / f"{d}/loss.json").read_text()) for d in ("two", "one"))
+    assert [p["step"] for p in curve2] == [p["step"] for p in curve1] and len(curve2) == 8  # 32 pairs / 8, 2 epochs
+    for a, b in zip(curve2, curve1):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+    assert two["calibration"]["train"]["mae"] == pytest.approx(one["calibration"]["train"]["mae"], abs=1e-4)
+    w1 = dict(load_critic(str(tmp_path / "one/model"))[0].named_parameters())
+    for key, w in load_critic(str(tmp_path / "two/model"))[0].named_parameters():
+        assert (w - w1[key]).abs().max().item() < 1e-4
+
+
 def _collect_params(model: Path, cache: Path, **scale) -> dict:
     raw = tiny_params({"roles": {"policy": {"model": str(model)}}, "collect": {"scale": scale}})
     raw["cache"]["path"] = str(cache)

@@ -36,7 +36,7 @@ def _wait_until_gone(group: int, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "train", "evaluate"]
+STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "train", "evaluate"]
 
 
 def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace, tmp_path, faults):
@@ -74,6 +74,9 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace,
     behind = {i for ids in pairs.column("trajectory_ids").to_pylist() for i in ids}
     train = {r["trajectory_id"] for t in (table, regens) for r in t.to_pylist() if r["split"] == "train"}
     assert behind == train and True in pairs.column("selected").to_pylist()
+    judged = json.loads((project / "data/critic/metrics.json").read_text())
+    assert judged["pairs_selected"] == pairs.column("selected").to_pylist().count(True)
+    assert (project / "data/critic/model/config.json").exists()
     evaluation = json.loads((project / "data/evaluate/metrics.json").read_text())
     assert list(evaluation["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc", "sft"]
     assert evaluation["policies"]["swift"]["heldout"]["episodes"] == 1 * 2 * 2  # 1 task x val/test x 2 episodes

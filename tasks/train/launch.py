@@ -39,15 +39,16 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def launch(params: Params, training: Path, out_dir: Path, checkpoint_dir: Path | None, nproc: int) -> dict:
-    """Runs the train stage on `nproc` local ranks under torchrun; returns rank 0's metrics."""
+def launch(params: Params, training: Path, out_dir: Path, checkpoint_dir: Path | None, nproc: int, stage: str = "train") -> dict:
+    """Runs the train stage (or the critic stage, on its pairs table) on `nproc` local ranks under
+    torchrun; returns rank 0's metrics."""
     with tempfile.TemporaryDirectory(prefix="retrosight-train-") as tmp:
         # The params as validated here (a test's or a flow's), not a file the ranks would read again.
         spec = Path(tmp) / "params.json"
         spec.write_text(params.model_dump_json())
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-            "-m", "tasks.train.launch", "--params", str(spec), "--training", str(training), "--out", str(out_dir),
+            "-m", "tasks.train.launch", "--stage", stage, "--params", str(spec), "--training", str(training), "--out", str(out_dir),
         ]
         if checkpoint_dir is not None:
             cmd += ["--checkpoint-dir", str(checkpoint_dir)]
@@ -55,17 +56,18 @@ def launch(params: Params, training: Path, out_dir: Path, checkpoint_dir: Path |
         env = {**os.environ, **runtime.thread_env(runtime.threads_for(params.runtime.threads, nproc), params.runtime.omp_wait_policy)}
         if not torch.cuda.is_available():
             env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator: gloo, no device
-        print(f"train: {nproc} ranks under torchrun", flush=True)
+        print(f"{stage}: {nproc} ranks under torchrun", flush=True)
         done = subprocess.run(cmd, check=False, env=env)
     if done.returncode:
-        raise RuntimeError(f"train: the {nproc} ranks under torchrun failed (exit code {done.returncode}); each rank's error is printed above")
+        raise RuntimeError(f"{stage}: the {nproc} ranks under torchrun failed (exit code {done.returncode}); each rank's error is printed above")
     return json.loads((Path(out_dir) / "metrics.json").read_text())
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m tasks.train.launch", description="One rank of the train stage (start it with torchrun).")
+    ap = argparse.ArgumentParser(prog="python -m tasks.train.launch", description="One rank of the train or critic stage (start it with torchrun).")
+    ap.add_argument("--stage", choices=["train", "critic"], default="train")
     ap.add_argument("--params", required=True, help="params.yaml, or the params JSON a launching stage wrote")
-    ap.add_argument("--training", required=True, type=Path, help="the training table (data/standardize/train.parquet)")
+    ap.add_argument("--training", required=True, type=Path, help="the training table (data/standardize/train.parquet; the critic: data/buffer/pairs.parquet)")
     ap.add_argument("--out", required=True, type=Path, help="the stage's output folder (data/train)")
     ap.add_argument("--checkpoint-dir", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -77,7 +79,12 @@ def main(argv: list[str] | None = None) -> None:
     from tasks.train import run_train
 
     try:
-        run_train(params, args.training, args.out, args.checkpoint_dir)
+        if args.stage == "critic":
+            from tasks.critic import run_critic
+
+            run_critic(params, args.training, args.out)
+        else:
+            run_train(params, args.training, args.out, args.checkpoint_dir)
         # Tear the group down together: a rank that left while rank 0 was still saving was seen
         # to abort at exit ("terminate called without an active exception", rank 1, under load).
         if torch.distributed.is_initialized():

@@ -198,8 +198,13 @@ class PadCollator:
             "labels": torch.tensor([pad(b["labels"], IGNORE) for b in batch]),
             "attention_mask": torch.tensor([[1] * len(b["input_ids"]) + [0] * (width - len(b["input_ids"])) for b in batch]),
         }
-        if "weight" in batch[0]:  # reward-weighted training (Refit, Swift)
-            out["weight"] = torch.tensor([b["weight"] for b in batch], dtype=torch.float32)
+        return self._extras(batch, out)
+
+    @staticmethod
+    def _extras(batch: list[dict], out: dict) -> dict:
+        for key in ("weight", "target"):  # a trajectory's weight (Refit, Swift); a pair's target (the critic)
+            if key in batch[0]:
+                out[key] = torch.tensor([b[key] for b in batch], dtype=torch.float32)
         return out
 
     def _packed(self, batch: list[dict]) -> dict:
@@ -212,9 +217,7 @@ class PadCollator:
             "position_ids": torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0),
             "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": max(lengths), "max_length_k": max(lengths),
         }
-        if "weight" in batch[0]:
-            out["weight"] = torch.tensor([b["weight"] for b in batch], dtype=torch.float32)
-        return out
+        return self._extras(batch, out)
 
 
 def train_sft(

@@ -1,0 +1,73 @@
+"""HOPE's process critic (tasks/train/critic.py, tasks/critic.py): the loss and head on hand-computed
+cases, and the stage learning a target it can read off the action."""
+from __future__ import annotations
+
+import json
+import math
+
+import polars as pl
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from conftest import tiny_params
+from storage.parquet import write_table
+from storage.schema import to_table
+from tasks.buffer import pair_key
+from tasks.critic import calibration, run_critic
+from tasks.params import Params
+from tasks.train import critic
+
+
+def test_soft_bce_on_a_hand_computed_batch():
+    loss = critic.soft_bce(torch.tensor([0.0, 2.0]), torch.tensor([0.5, 1.0]))
+    # -(0.5 log s(0) + 0.5 log(1 - s(0))) = log 2; -log s(2) = log(1 + e^-2)
+    assert loss.item() == pytest.approx((math.log(2) + math.log(1 + math.exp(-2))) / 2, rel=1e-6)
+
+
+def test_the_head_reads_the_policy_at_the_last_token(tiny_model_dir):
+    torch.manual_seed(0)
+    model, tok = critic.load_critic(str(tiny_model_dir), base=True)
+    policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert model.score.weight.shape == (1, policy.config.hidden_size) and model.score.bias is None
+    assert torch.equal(model.model.embed_tokens.weight, policy.model.embed_tokens.weight)  # the policy's weights
+    ids = critic.encode(tok, [{"role": "system", "content": "play"}, {"role": "user", "content": "Turn 1."}], {"role": "assistant", "content": "REASON: x\nQUESTION: Is it an animal?"})
+    assert ids[-1] == tok.eos_token_id  # the action's end of turn
+    hidden = policy.model(torch.tensor([ids])).last_hidden_state[0, -1]
+    expected = torch.sigmoid(model.score.weight[0] @ hidden).item()
+    # padded in a batch with a longer sequence, it is still read at its own last token
+    got = critic.score(model, tok, [ids, ids + ids[:5]])[0]
+    assert got == pytest.approx(expected, abs=1e-5)
+
+
+def test_calibration_against_the_mean():
+    c = calibration([0.9, 0.2], [1.0, 0.0], mean=0.5)
+    assert c == {"pairs": 2, "mae": 0.15, "rmse": pytest.approx(0.1581, abs=1e-4), "side_agreement": 1.0, "mae_of_mean": 0.5}
+
+
+def pairs_table(n: int) -> list[dict]:
+    """Pairs whose target the action says: "good" 0.9, "bad" 0.1."""
+    rows = []
+    for i in range(n):
+        good = i % 2 == 0
+        prompt = [{"role": "system", "content": "play"}, {"role": "user", "content": f"Turn {i % 7 + 1}."}]
+        action = {"role": "assistant", "content": f"REASON: {'animal' if good else 'Known'}.\nQUESTION: Is it {'an animal' if good else 'Cow'}?"}
+        rows.append({
+            "key": pair_key(prompt, action) + str(i), "prompt": prompt, "action": action, "turn": i % 7, "target_raw": 0.0,
+            "target": 0.9 if good else 0.1, "count": 1, "source": "on-policy", "trajectory_ids": [str(i)], "selected": i % 10 != 9,
+        })
+    return rows
+
+
+def test_the_stage_learns_a_target_it_can_read_and_reports_calibration(tiny_model_dir, tmp_path):
+    write_table(to_table(pairs_table(200), "pairs"), tmp_path / "pairs.parquet", "pairs")
+    raw = tiny_params({"critic": {"base_model": str(tiny_model_dir), "epochs": 6, "batch_size": 8, "learning_rate": 3.0e-3, "heldout_share": 0.2}})
+    m = run_critic(Params.model_validate(raw), tmp_path / "pairs.parquet", tmp_path / "out")
+    held = m["calibration"]["heldout"]
+    assert m["pairs_selected"] == 180 and held["pairs"] + m["calibration"]["train"]["pairs"] == 180
+    assert held["pairs"] > 10
+    assert held["mae"] < 0.5 * held["mae_of_mean"] and held["side_agreement"] == 1.0
+    assert json.loads((tmp_path / "out/metrics.json").read_text())["calibration"] == m["calibration"]
+    model, tok = critic.load_critic(str(tmp_path / "out/model"))
+    assert model.config.architectures == ["LlamaForSequenceClassification"]
+    assert pl.read_parquet(tmp_path / "out/quarantine.parquet").height == 0
