@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from tasks.evaluate import mean_se  # noqa: E402
 from tasks.params import Params  # noqa: E402
 
-STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "train", "evaluate"]
+STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "train", "evaluate"]
 
 
 def override(raw: dict, assignment: str) -> None:
@@ -55,7 +55,9 @@ UPSTREAM = ["bootstrap", "collect", "summarize"]
 
 def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM, base: Path | None = None) -> dict:
     from tasks.bootstrap import run_bootstrap
+    from tasks.buffer import run_buffer
     from tasks.collect import run_collect
+    from tasks.critic import run_critic
     from tasks.evaluate import run_evaluate
     from tasks.label import run_label
     from tasks.regenerate import run_regenerate
@@ -73,6 +75,8 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         "regenerate": lambda: run_regenerate(params, trajectories[0], d / "relabel/relabels.parquet", d / "bootstrap/model", d / "regenerate"),
         "label": lambda: run_label(params, trajectories, d / "label"),
         "standardize": lambda: run_standardize(params, trajectories, d / "label/labels.parquet", d / "standardize"),
+        "buffer": lambda: run_buffer(params, trajectories, d / "buffer"),
+        "critic": lambda: run_critic(params, d / "buffer/pairs.parquet", d / "critic"),
         "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train"),
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
     }
@@ -223,6 +227,8 @@ def main() -> None:
             override(raw, s)
         d = dirs[seed] = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
+        override(raw, f"critic.base_model={d / 'bootstrap/model'}")
+        override(raw, f"evaluate.best_of_n.critic={d / 'critic/model'}")  # the seed's critic picks for best-of-N
         params = Params.model_validate(raw)
         done = d / "evaluate/metrics.json"
         if args.fresh and d.exists():

@@ -115,6 +115,11 @@ class Game(ABC):
     def step(self, text: str, answer: object | None = None) -> Step:
         """Play the agent's text. An unparseable text still costs a turn (info["parsed"] False)."""
 
+    def message(self, text: str) -> Message:
+        """The agent's text as the chat records it now (Step.info["message"]), without playing it:
+        what a critic scores. A plain assistant message unless the game turns text into tool calls."""
+        return {"role": "assistant", "content": text}
+
     def restore(self, turns: Sequence[Mapping[str, Any]]) -> None:
         """Resume a fresh game after logged turns without asking the simulator again, so a branch
         from a logged prefix keeps the observations that prefix actually got (regenerate)."""

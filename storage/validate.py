@@ -54,6 +54,7 @@ BATCH_ROWS = 10_000  # rows checked at a time, so flattened nested columns stay 
 ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("train", "val", "test")
 SOURCES = ("policy", "import", "regeneration")
+PAIR_SOURCES = ("on-policy", "hindsight")  # the buffer's: whether a logged trajectory passes through the pair
 STATUSES = ("ok", "invalid", "failed")  # tasks.roles.Outcome: unparseable after retries, or no answer
 STANDARDIZE_STATUSES = ("ok", "tied", "singleton", "no_reward")
 RELABEL_MODES = ("hope", "hr")
@@ -713,6 +714,17 @@ def _training_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[
         yield from _flag(unrewarded & given, name, "set on a row whose standardize_status is 'no_reward'")
 
 
+def _pairs_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    target = _np(batch.column("target"), fill=0.0)
+    yield from _flag((target < 0) | (target > 1), "target", lambda r: f"{target[r]} is outside [0, 1]")
+    turn = _np(batch.column("turn"), fill=0)
+    yield from _flag(turn < 0, "turn", lambda r: f"{turn[r]} is negative")
+    count = _np(batch.column("count"), fill=0)
+    behind = _np(pc.list_value_length(batch.column("trajectory_ids")), fill=0)
+    yield from _flag(count != behind, "count", lambda r: f"{count[r]}, but trajectory_ids names {behind[r]}")
+    yield from _flag(behind == 0, "trajectory_ids", "empty list")
+
+
 MESSAGE_TEXT = (
     "messages[].role", "messages[].content", "messages[].tool_calls[].id", "messages[].tool_calls[].function.name",
     "messages[].tool_calls[].function.arguments", "messages[].tool_call_id", "messages[].name",
@@ -756,6 +768,12 @@ RULES: dict[str, Rules] = {
         rows=_export_rules,
     ),
     "quarantine": Rules(text=("source_file", "field", "reason")),
+    "pairs": Rules(
+        key="key",
+        text=("key", "source", "prompt[].role", "action.role"),
+        enums={"source": PAIR_SOURCES, "prompt[].role": ROLES, "action.role": ("assistant",)},
+        rows=_pairs_rules,
+    ),
 }
 
 

@@ -23,7 +23,9 @@ branch are the parent's own pairs and gather both trajectories' returns, as HOPE
   null: the high half drawn from both alike). alpha = 0 is PRM+RL's buffer: regenerations are
   left out before any pair is built, so no hindsight return enters a target either. When one half has fewer pairs
   than its share, the other half is cut to keep the share: the balance is what keeps a critic
-  from predicting the majority value. Draws are seeded; metrics say what each half had.
+  from predicting the majority value. When one half is empty (every game lost, or every one
+  won), `size` pairs are drawn without balance and metrics.json says `unbalanced`. Draws are
+  seeded; metrics say what each half had.
 """
 from __future__ import annotations
 
@@ -118,6 +120,14 @@ def select(rows: list[dict], size: int, low_share: float | None, alpha: float | 
     by = {(half, src): [r for r in rows if (r["target"] < 0.5) == (half == "low") and r["source"] == src] for half in ("low", "high") for src in ("on-policy", "hindsight")}
     have = {half: len(by[half, "on-policy"]) + len(by[half, "hindsight"]) for half in ("low", "high")}
     want_low, want_high = round(size * low_share), size - round(size * low_share)
+    if not have["low"] or not have["high"]:
+        # One side is empty (every game lost, or every one won): no share can hold, and cutting
+        # would leave nothing. The pairs there are drawn unbalanced and the metrics say so.
+        chosen = _draw(rows, size, rng)
+        for r in chosen:
+            r["selected"] = True
+        empty = "low" if not have["low"] else "high"
+        return {"available": {f"{h}_{s}": len(v) for (h, s), v in by.items()}, "selected": len(chosen), "unbalanced": f"no pair in the {empty} half"}
     # The share holds: a short half cuts the other.
     scale = min(1.0, have["low"] / want_low if want_low else 1.0, have["high"] / want_high if want_high else 1.0)
     n_low, n_high = int(want_low * scale), int(want_high * scale)

@@ -2,7 +2,8 @@
 
 Each policy plays the same episodes (same tasks, same per-episode seeds), episodes_per_task
 times per task (HOPE: 3 on val and test), so the policies are compared on paired episodes.
-Standard errors are over episodes.
+Standard errors are over episodes. Each policy in best_of_n.policies is also played best-of-n
+(HOPE 2.7): n actions sampled per turn, the critic's best one played ("<policy>+best_of_<n>").
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from storage.schema import to_table
 from tasks.params import Params
 from tasks.roles import generation_stats, policy_generator
 from tasks.simulator import check_simulator, make_simulator, simulator_stats
-from tasks.rollout import Episode, LMAgent, derive_seed, new_episode, play
+from tasks.rollout import BestOfNAgent, Episode, LMAgent, derive_seed, new_episode, play
+from tasks.train import critic
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
@@ -55,7 +57,15 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
     e, env = params.evaluate, params.env.environment()
     results, rows = {}, []
     simulator = make_simulator(params)
-    for name, model_dir in policies(params, train_dir).items():
+    models = policies(params, train_dir)
+    sampling = SamplingParams(**e.sampling.model_dump())
+    bon = e.best_of_n
+    plays = [(name, model_dir, lambda gen: LMAgent(gen, sampling)) for name, model_dir in models.items()]
+    if bon.policies:
+        score = critic.scorer(bon.critic)
+        best = SamplingParams(**bon.sampling.model_dump())
+        plays += [(f"{name}+best_of_{bon.n}", models[name], lambda gen: BestOfNAgent(gen, best, bon.n, score)) for name in bon.policies]
+    for name, model_dir, agent in plays:
         episodes = [
             new_episode(env, task, derive_seed(params.seed, "evaluate", split, task.id, k))
             for split in e.splits
@@ -63,9 +73,9 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
             for k in range(e.episodes_per_task)
         ]
         generator = policy_generator(params, model_dir, e.batch_size)
-        play(episodes, LMAgent(generator, SamplingParams(**e.sampling.model_dump())), derive_seed(params.seed, "evaluate"), f"evaluate {name}", simulator)
+        play(episodes, agent(generator), derive_seed(params.seed, "evaluate"), f"evaluate {name}", simulator)
         results[name] = {
-            "policy_id": generator.model_id,
+            "policy_id": episodes[0].policy_id if episodes else generator.model_id,
             **{split: summary([ep for ep in episodes if ep.split == split]) for split in e.splits},
             "heldout": summary(episodes),
             **generation_stats(generator),
@@ -81,6 +91,7 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
         "splits": e.splits,
         "episodes_per_task": e.episodes_per_task,
         "sampling": e.sampling.model_dump(),
+        "best_of_n": {**bon.model_dump(), "sampling": bon.sampling.model_dump()} if bon.policies else None,
         "policies": results,
         **simulator_stats(simulator),
         "seconds": round(time.time() - t0, 1),

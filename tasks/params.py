@@ -335,12 +335,20 @@ class TrainStageParams(TrainParams):
         )
 
 
+class BestOfNParams(Strict):
+    critic: str = "data/critic/model"  # the critic that picks (the critic stage's model)
+    n: int = Field(15, ge=1)  # actions sampled per turn (HOPE: 15)
+    sampling: SamplingParams = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=112)  # HOPE: 0.7
+    policies: list[str] = ["bootstrap"]  # each also played best-of-n; [] turns it off
+
+
 class EvaluateParams(Strict):
     splits: list[Split] = Field(min_length=1)
     episodes_per_task: int = Field(ge=1)
     sampling: SamplingParams
     batch_size: int = Field(ge=1)
     limit_tasks: int | None = Field(None, ge=1)
+    best_of_n: BestOfNParams = BestOfNParams()
 
 
 class Params(Strict):
@@ -358,6 +366,14 @@ class Params(Strict):
     critic: CriticParams = CriticParams()
     train: TrainStageParams
     evaluate: EvaluateParams
+
+
+    @model_validator(mode="after")
+    def _best_of_n_plays_known_policies(self) -> Params:
+        known = ["bootstrap", *self.train.methods]
+        if unknown := [p for p in self.evaluate.best_of_n.policies if p not in known]:
+            raise ValueError(f"evaluate.best_of_n.policies: {', '.join(unknown)} is not a policy evaluate plays ({', '.join(known)})")
+        return self
 
 
 class ParamsError(ValueError):

@@ -137,6 +137,36 @@ class LMAgent:
         return texts
 
 
+class BestOfNAgent:
+    """Best-of-N (HOPE 2.7): at every turn the policy samples `n` actions per live episode and the
+    one a critic scores highest is played (the first of equals). `score` takes (state, action
+    message) pairs and returns one score each; candidates the backend gave up on are not scored,
+    and a turn where all n failed is played as an empty reply and counted."""
+
+    def __init__(self, generator: Generator, sampling: SamplingParams, n: int, score: Callable[[list[tuple[list[Message], Message]]], list[float]]):
+        self.generator, self.sampling, self.n, self.score = generator, sampling, n, score
+
+    def act(self, episodes: Sequence[Episode], step_seed: int) -> list[str]:
+        prompts, seeds = [], []
+        for ep in episodes:
+            ep.policy_id = f"{self.generator.model_id}+best_of_{self.n}"
+            prompts += [ep.messages] * self.n
+            seeds += [derive_seed(ep.seed, "turn", len(ep.turns), "candidate", j) for j in range(self.n)]
+        completions = self.generator.generate(prompts, self.sampling, seeds)
+        candidates = [[c.text for c in completions[i * self.n : (i + 1) * self.n] if c.ok] for i in range(len(episodes))]
+        # One scoring call for every candidate of every live episode.
+        scores = iter(self.score([(ep.messages, ep.game.message(text)) for ep, ok in zip(episodes, candidates) for text in ok]))
+        texts = []
+        for ep, ok in zip(episodes, candidates):
+            if not ok:
+                ep.generation_failures += 1
+                texts.append("")
+                continue
+            mine = [next(scores) for _ in ok]
+            texts.append(ok[max(range(len(ok)), key=mine.__getitem__)])
+        return texts
+
+
 class ScriptedAgent:
     """A scripted behaviour policy. `policy_for(rng)` picks the policy an episode plays with (a
     mixture draws one per episode) and each episode keeps its own rng, so a rerun repeats."""

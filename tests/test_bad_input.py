@@ -128,9 +128,16 @@ def quarantined(i: int = 0, **change) -> dict:
     return {"source_file": "logs.jsonl", "row": i, "field": "seed", "reason": "expected an integer", "raw": "{}", **change}
 
 
+def pair(i: int = 0, **change) -> dict:
+    return {
+        "key": f"k{i}", "prompt": MESSAGES[:2], "action": MESSAGES[2], "turn": 0, "target_raw": -1.0, "target": 0.6,
+        "count": 2, "source": "on-policy", "trajectory_ids": [f"t{i}", "t9"], "selected": True, **change,
+    }
+
+
 GOOD = {
     "trajectories": traj, "summaries": summary, "relabels": relabel, "labels": label, "training": training,
-    "export": export, "quarantine": quarantined,
+    "export": export, "quarantine": quarantined, "pairs": pair,
 }
 
 
@@ -190,7 +197,7 @@ def test_rows_the_pipeline_writes_pass(tmp_path):
     assert quarantine.to_pylist() == [] and kept.num_rows == 6
 
 
-T, S, R, L, TR, E, Q = "trajectories", "summaries", "relabels", "labels", "training", "export", "quarantine"
+T, S, R, L, TR, E, Q, P = "trajectories", "summaries", "relabels", "labels", "training", "export", "quarantine", "pairs"
 edited = traj(1)
 edited["messages"] = with_message(2, content="REASON: edited.\nQUESTION: Is it an animal?")  # by hand: the ID is stale
 
@@ -268,6 +275,14 @@ ROW_FAULTS = {
     "negative rank": (R, relabel(1, rank=-1), "rank", r"^-1 is negative$"),
     "invalid without reason": (R, relabel(1, status="invalid", counterfactual_text=None), "reason", r"^empty on a row whose status is not 'ok'"),
     "empty proposer": (R, relabel(1, proposer=""), "proposer", r"^empty string$"),
+    # pairs (the buffer)
+    "target above 1": (P, pair(1, target=1.2), "target", r"^1\.2 is outside \[0, 1\]$"),
+    "NaN target": (P, pair(1, target=float("nan")), "target", r"^nan is not a finite number$"),
+    "count disagrees": (P, pair(1, count=3), "count", r"^3, but trajectory_ids names 2$"),
+    "no trajectory behind": (P, pair(1, count=0, trajectory_ids=[]), "trajectory_ids", r"^empty list$"),
+    "unknown pair source": (P, pair(1, source="regeneration"), "source", r"^'regeneration' is not one of on-policy, hindsight$"),
+    "action not the agent's": (P, pair(1, action=MESSAGES[1]), "action.role", r"^'user' is not one of assistant$"),
+    "duplicate pair": (P, pair(0), "key", r"^duplicate of row 0"),
     # labels
     "NaN label reward": (L, label(1, reward=float("nan")), "reward", r"^nan is not a finite number$"),
     "-inf env reward": (L, label(1, env_reward=float("-inf")), "env_reward", r"^-inf is not a finite number$"),

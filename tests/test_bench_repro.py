@@ -63,7 +63,7 @@ def test_repro_bench_small(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     table = json.loads((results / "table.json").read_text())
     assert table["seeds"] == [0, 1] and table["splits"] == ["val", "test", "heldout"]
-    assert list(table["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc_logged", "filtered_bc"]
+    assert list(table["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc_logged", "filtered_bc", "bootstrap+best_of_4"]
     for seed, d in ((0, out / "seed0"), (1, out / "seed1")):
         metrics = json.loads((d / "evaluate/metrics.json").read_text())
         for name, row in table["policies"].items():

@@ -107,6 +107,12 @@ def test_a_short_half_cuts_the_other_and_a_short_source_is_filled():
     assert chosen(rows)[("high", "hindsight")] == 4  # on-policy had one of its three: hindsight fills
 
 
+def test_with_one_half_empty_the_pairs_are_drawn_unbalanced_and_it_is_said():
+    rows = rows_of({("low", "on-policy"): 30, ("low", "hindsight"): 5})
+    counts = select(rows, 20, 0.5, 0.4, seed=0)
+    assert sum(r["selected"] for r in rows) == 20 and counts["unbalanced"] == "no pair in the high half"
+
+
 def test_selection_is_seeded():
     a, b = rows_of({("low", "on-policy"): 50, ("high", "on-policy"): 50}), rows_of({("low", "on-policy"): 50, ("high", "on-policy"): 50})
     select(a, 20, 0.5, None, seed=3)

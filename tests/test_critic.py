@@ -71,3 +71,30 @@ def test_the_stage_learns_a_target_it_can_read_and_reports_calibration(tiny_mode
     model, tok = critic.load_critic(str(tmp_path / "out/model"))
     assert model.config.architectures == ["LlamaForSequenceClassification"]
     assert pl.read_parquet(tmp_path / "out/quarantine.parquet").height == 0
+
+
+def test_best_of_n_plays_the_candidate_the_score_ranks_highest(tiny_model_dir):
+    """The policy's n samples at a turn are the ones a plain generation with the same seeds
+    gives; the score picks among them (here a hand-made one: the shortest text), in one call."""
+    from conftest import twenty_questions
+    from models.base import SamplingParams
+    from models.hf import HFGenerator
+    from tasks.rollout import BestOfNAgent, derive_seed, new_episode
+
+    env = twenty_questions(4)
+    gen = HFGenerator(tiny_model_dir)
+    sampling = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=16)
+    episodes = [new_episode(env, env.task(name), seed) for name, seed in (("Cat", 1), ("Dog", 2))]
+    calls = []
+
+    def shortest(pairs):
+        calls.append(len(pairs))
+        return [-len(action["content"]) for _, action in pairs]
+
+    texts = BestOfNAgent(gen, sampling, 3, shortest).act(episodes, 0)
+    assert calls == [6]
+    for ep, text in zip(episodes, texts):
+        seeds = [derive_seed(ep.seed, "turn", 0, "candidate", j) for j in range(3)]
+        candidates = [c.text for c in gen.generate([ep.messages] * 3, sampling, seeds)]
+        assert text == min(candidates, key=len) and ep.policy_id.endswith("+best_of_3")
+        assert len(set(candidates)) > 1  # there was a choice to make

@@ -133,3 +133,24 @@ def _write(path: Path, raw: dict) -> Path:
 
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+@pytest.mark.parametrize("name", ["twenty_questions", "guess_my_city", "car_dealer"])
+def test_message_is_what_step_records_without_playing(name):
+    """Game.message gives the chat message a text would be recorded as (a critic scores it), tool
+    calls included, and leaves the game as it was."""
+    import random
+
+    env = registry.make(name, {})
+    policy = env.policies({"p_random": 0.3, "p_repeat": 0.1, "p_early_guess": 0.1})["noisy"]
+    game, rng = env.game(env.tasks("train")[0]), random.Random(1)
+    game.reset()
+    seen_tool_call = False
+    while not game.done:
+        text = policy.act(game, rng)
+        before = (game.turn, game.message(text))
+        assert game.message(text) == before[1] and game.turn == before[0]
+        step = game.step(text)
+        assert step.info["message"] == before[1]
+        seen_tool_call |= "tool_calls" in before[1]
+    assert seen_tool_call == (name == "car_dealer")

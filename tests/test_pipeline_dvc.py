@@ -78,7 +78,8 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace,
     assert judged["pairs_selected"] == pairs.column("selected").to_pylist().count(True)
     assert (project / "data/critic/model/config.json").exists()
     evaluation = json.loads((project / "data/evaluate/metrics.json").read_text())
-    assert list(evaluation["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc", "sft"]
+    assert list(evaluation["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc", "sft", "bootstrap+best_of_4"]
+    assert evaluation["policies"]["bootstrap+best_of_4"]["policy_id"].endswith("+best_of_4")
     assert evaluation["policies"]["swift"]["heldout"]["episodes"] == 1 * 2 * 2  # 1 task x val/test x 2 episodes
 
     t0 = time.time()

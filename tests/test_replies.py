@@ -22,7 +22,9 @@ from models.hf import HFGenerator
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from storage.validate import read_checked
+from tasks.buffer import run_buffer
 from tasks.collect import run_collect
+from tasks.critic import run_critic
 from tasks.evaluate import run_evaluate
 from tasks.label import run_label
 from tasks.params import Params
@@ -57,7 +59,7 @@ def silent_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
     return out
 
 
-def chain_params(model_dir: Path, max_new_tokens: int, roles: dict | None = None, relabel: dict | None = None) -> Params:
+def chain_params(model_dir: Path, max_new_tokens: int, roles: dict | None = None, relabel: dict | None = None, critic: Path | None = None) -> Params:
     sampling = {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": max_new_tokens}
     raw = tiny_params({
         "env": {"max_turns": MAX_TURNS},
@@ -66,6 +68,9 @@ def chain_params(model_dir: Path, max_new_tokens: int, roles: dict | None = None
         "relabel": {"k": 2, "t": 1, "n": 2, **(relabel or {})},
         "regenerate": {"sampling": sampling},
         "train": {"base_model": str(model_dir), "epochs": 1, "batch_size": 4},
+        "critic": {"base_model": str(model_dir)},
+        # best-of-N picks with the chain's critic (run_chain trains it), or is off
+        "evaluate": {"best_of_n": {"critic": str(critic), "policies": ["bootstrap"]} if critic else {"policies": []}},
     })
     raw["train"]["methods"] = {"refit": {"algorithm": "refit"}, "swift": {"algorithm": "swift"}}
     return Params.model_validate(raw)
@@ -91,7 +96,9 @@ def run_chain(params: Params, model_dir: Path, out: Path) -> dict[str, dict]:
     m["label"] = run_label(params, both, out / "label")
     m["standardize"] = run_standardize(params, both, out / "label" / "labels.parquet", out / "standardize")
     m["train"] = run_train(params, out / "standardize" / "train.parquet", out / "train")
-    for stage in ("summarize", "relabel", "regenerate", "label", "standardize", "train"):
+    m["buffer"] = run_buffer(params, both, out / "buffer")
+    m["critic"] = run_critic(params, out / "buffer" / "pairs.parquet", out / "critic")
+    for stage in ("summarize", "relabel", "regenerate", "label", "standardize", "train", "buffer", "critic"):
         assert_nothing_quarantined(stage, m[stage], out / stage)
     # Rows in = rows out, stage after stage.
     n = m["collect"]["trajectories"]
@@ -138,7 +145,8 @@ def test_empty_replies_are_recorded_as_the_marker_and_pass_every_stage(silent_mo
     assert again["trajectories"] == m["collect"]["trajectories"]
     assert (tmp_path / "again/trajectories.parquet").read_bytes() == (tmp_path / "collect/trajectories.parquet").read_bytes()
     # evaluate records its episodes the same way: every policy's rows pass the trajectory checks.
-    e = run_evaluate(chain_params(silent_model_dir, 24), tmp_path / "train", tmp_path / "evaluate")
+    e = run_evaluate(chain_params(silent_model_dir, 24, critic=tmp_path / "critic/model"), tmp_path / "train", tmp_path / "evaluate")
+    assert "bootstrap+best_of_4" in e["policies"]
     kept, quarantine = read_checked(tmp_path / "evaluate/episodes.parquet", "trajectories")
     assert quarantine.num_rows == 0 and kept.num_rows == sum(p["heldout"]["episodes"] for p in e["policies"].values()) > 0
     assert set(replies(tmp_path / "evaluate/episodes.parquet")) == {EMPTY_REPLY}

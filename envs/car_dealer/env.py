@@ -100,20 +100,30 @@ class CarDealerGame(BaseGame):
         s = self.state
         return Step([{"role": "user", "content": said.observation()}], reward, s.done and not s.timed_out, s.timed_out, info)
 
-    def _call(self, text: str) -> Step:
+    def _parse_call(self, text: str):
         # An unparseable call, or an unknown API, is a no_op (agent_prm's parser does the same).
         try:
-            action, parsed = parse_api(text), True
+            action = parse_api(text)
         except ActionParseError:
-            action, parsed = None, False
-        call = action.call if action else ApiCall("no_op")
+            return None, ApiCall("no_op")
+        return action, action.call
+
+    def message(self, text: str) -> dict:
+        if self.state.phase != "api":
+            return super().message(text)
+        call = self._parse_call(text)[1]
+        return {"role": "assistant", "content": text, "tool_calls": [
+            {"id": f"call_{len(self.state.turns) + 1}", "type": "function", "function": {"name": call.name, "arguments": call.arguments()}}]}
+
+    def _call(self, text: str) -> Step:
+        message = self.message(text)  # before the call adds its turn: the id counts it (call_1 is the first)
+        action, call = self._parse_call(text)
         shown = self.state.call(call)
-        call_id = f"call_{len(self.state.turns)}"
+        call_id = message["tool_calls"][0]["id"]
         info = {
-            "message": {"role": "assistant", "content": text, "tool_calls": [
-                {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments()}}]},
+            "message": message,
             "turn": {"reason": action.reason if action else "", "action": api_body(call), "observation": shown},
-            "parsed": parsed,
+            "parsed": action is not None,
             "success": False,
         }
         return Step([{"role": "tool", "tool_call_id": call_id, "name": call.name, "content": shown}], 0.0, False, False, info)

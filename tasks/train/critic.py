@@ -25,6 +25,12 @@ def load_critic(path: str, base: bool = False):
     return model, AutoTokenizer.from_pretrained(path)
 
 
+def scorer(path: str):
+    """The critic at `path` as best-of-N's score function: (state, action message) pairs -> Q."""
+    model, tokenizer = load_critic(path)
+    return lambda pairs: score(model, tokenizer, [encode(tokenizer, state, action) for state, action in pairs])
+
+
 def soft_bce(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Eq. 1 on a batch: scores [B] (logits), targets [B] in [0, 1]."""
     return F.binary_cross_entropy_with_logits(scores.float(), targets.float())
@@ -57,12 +63,13 @@ def train(model, tokenizer, examples: list[dict], seed: int, **trainer_kwargs) -
 
 @torch.no_grad()
 def score(model, tokenizer, sequences: list[list[int]], batch_size: int = 32) -> list[float]:
-    """Q(s, a) = sigmoid(score) for each encoded state and action, in order."""
+    """Q(s, a) = sigmoid(score) for each encoded state and action, in order. A sequence longer
+    than the model's context is read from its last `context` tokens, where the action is."""
     model.eval()
     out: list[float] = []
-    pad = tokenizer.pad_token_id
+    pad, context = tokenizer.pad_token_id, model.config.max_position_embeddings
     for i in range(0, len(sequences), batch_size):
-        chunk = sequences[i : i + batch_size]
+        chunk = [s[-context:] for s in sequences[i : i + batch_size]]
         width = max(map(len, chunk))
         ids = torch.tensor([s + [pad] * (width - len(s)) for s in chunk])
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk])
