@@ -86,7 +86,7 @@ def test_repro_bench_small(tmp_path):
     assert p["success"]["ci95"][0] <= p["success"]["diff"] <= p["success"]["ci95"][1]
     assert "refit - refit_logged" in proc.stdout and "Hindsight arm minus its logged-only arm" in proc.stdout
     points = json.loads((results / "success.json").read_text())
-    assert len(points) == 6 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")
+    assert len(points) == 7 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")  # six arms and best-of-N on the base
     # A stopped seed resumes after its last finished stage, and only with the params it ran with.
     shutil.rmtree(out / "seed1/evaluate")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
