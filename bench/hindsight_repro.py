@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from tasks.evaluate import mean_se  # noqa: E402
 from tasks.params import Params  # noqa: E402
 
-STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "train", "evaluate"]
+STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
 
 
 def override(raw: dict, assignment: str) -> None:
@@ -54,6 +54,7 @@ UPSTREAM = ["bootstrap", "collect", "summarize"]
 
 
 def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM, base: Path | None = None) -> dict:
+    from tasks.actor import run_actor
     from tasks.bootstrap import run_bootstrap
     from tasks.buffer import run_buffer
     from tasks.collect import run_collect
@@ -77,6 +78,7 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         "standardize": lambda: run_standardize(params, trajectories, d / "label/labels.parquet", d / "standardize"),
         "buffer": lambda: run_buffer(params, trajectories, d / "buffer"),
         "critic": lambda: run_critic(params, d / "buffer/pairs.parquet", d / "critic"),
+        "actor": lambda: run_actor(params, d / "buffer/pairs.parquet", trajectories, d / "summarize/summaries.parquet", d / "actor"),
         "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train"),
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
     }
@@ -229,6 +231,9 @@ def main() -> None:
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
         override(raw, f"critic.base_model={d / 'bootstrap/model'}")
         override(raw, f"evaluate.best_of_n.critic={d / 'critic/model'}")  # the seed's critic picks for best-of-N
+        override(raw, f"actor.base_model={d / 'bootstrap/model'}")
+        override(raw, f"actor.critic={d / 'critic/model'}")
+        override(raw, f"evaluate.actor={d / 'actor/model'}")  # the seed's actor is played
         params = Params.model_validate(raw)
         done = d / "evaluate/metrics.json"
         if args.fresh and d.exists():

@@ -16,6 +16,7 @@ console = Console()
 
 
 def _stage_flows() -> dict:
+    from flows.actor import actor_flow
     from flows.bootstrap import bootstrap_flow
     from flows.buffer import buffer_flow
     from flows.collect import collect_flow
@@ -38,6 +39,7 @@ def _stage_flows() -> dict:
         "standardize": standardize_flow,
         "buffer": buffer_flow,
         "critic": critic_flow,
+        "actor": actor_flow,
         "train": train_flow,
         "evaluate": evaluate_flow,
     }

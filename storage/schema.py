@@ -231,8 +231,28 @@ PAIRS = TableSchema(
     ),
 )
 
+# HOPE's online DPO (tasks/actor.py): one row per buffer state trained on, its two ranked candidates.
+PREFERENCES = TableSchema(
+    "preferences",
+    1,
+    pa.schema(
+        [
+            _f("key", pa.string()),  # sha256 of the serialised state
+            _f("round", pa.int32()),  # the online round whose actor (or proposer) made the candidates
+            _f("trajectory_id", pa.string()),  # the trajectory the state is read from
+            _f("turn", pa.int32()),
+            _f("prompt", MESSAGES),  # the chat up to the state
+            _f("chosen", MESSAGE),  # the critic's higher-scored candidate
+            _f("rejected", MESSAGE),
+            _f("chosen_score", pa.float64()),  # the critic's Q(s, a) in [0, 1]
+            _f("rejected_score", pa.float64()),
+            _f("source", pa.string()),  # policy | proposer (explore_prob)
+        ]
+    ),
+)
+
 SCHEMAS: dict[str, TableSchema] = {
-    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT, PAIRS)
+    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT, PAIRS, PREFERENCES)
 }
 
 # What makes a trajectory itself; outcome columns (turns, return, success) are derived from it.

@@ -54,6 +54,7 @@ BATCH_ROWS = 10_000  # rows checked at a time, so flattened nested columns stay 
 ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("train", "val", "test")
 SOURCES = ("policy", "import", "regeneration")
+PREFERENCE_SOURCES = ("policy", "proposer")  # the actor's: who made a state's two candidates
 PAIR_SOURCES = ("on-policy", "hindsight")  # the buffer's: whether a logged trajectory passes through the pair
 STATUSES = ("ok", "invalid", "failed")  # tasks.roles.Outcome: unparseable after retries, or no answer
 STANDARDIZE_STATUSES = ("ok", "tied", "singleton", "no_reward")
@@ -725,6 +726,16 @@ def _pairs_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Pro
     yield from _flag(behind == 0, "trajectory_ids", "empty list")
 
 
+def _preference_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    chosen, rejected = _np(batch.column("chosen_score"), fill=0.0), _np(batch.column("rejected_score"), fill=0.0)
+    for name, q in (("chosen_score", chosen), ("rejected_score", rejected)):
+        yield from _flag((q < 0) | (q > 1), name, lambda r, q=q: f"{q[r]} is outside [0, 1]")
+    yield from _flag(chosen <= rejected, "chosen_score", lambda r: f"{chosen[r]}, not above rejected_score {rejected[r]}")
+    for name in ("round", "turn"):
+        v = _np(batch.column(name), fill=0)
+        yield from _flag(v < 0, name, lambda r, v=v: f"{v[r]} is negative")
+
+
 MESSAGE_TEXT = (
     "messages[].role", "messages[].content", "messages[].tool_calls[].id", "messages[].tool_calls[].function.name",
     "messages[].tool_calls[].function.arguments", "messages[].tool_call_id", "messages[].name",
@@ -773,6 +784,12 @@ RULES: dict[str, Rules] = {
         text=("key", "source", "prompt[].role", "action.role"),
         enums={"source": PAIR_SOURCES, "prompt[].role": ROLES, "action.role": ("assistant",)},
         rows=_pairs_rules,
+    ),
+    "preferences": Rules(
+        key="key",
+        text=("key", "trajectory_id", "source", "prompt[].role", "chosen.role", "rejected.role"),
+        enums={"source": PREFERENCE_SOURCES, "prompt[].role": ROLES, "chosen.role": ("assistant",), "rejected.role": ("assistant",)},
+        rows=_preference_rules,
     ),
 }
 

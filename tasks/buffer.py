@@ -39,7 +39,7 @@ from storage.parquet import write_table
 from storage.schema import from_table, stored_message, to_table
 from storage.validate import StageInputs
 from tasks.params import Params
-from tasks.rollout import derive_seed
+from tasks.rollout import action_starts, derive_seed
 
 LOGGED_SOURCES = ("policy", "import")
 
@@ -69,7 +69,7 @@ def build_pairs(trajectories: list[dict], gamma: float, target: str, reward_rang
         rewards = [t["reward"] for t in turns]
         if any(r is None for r in rewards):
             raise ValueError(f"trajectory {traj['trajectory_id']}: a turn without a reward; the buffer's targets need the environment's per-turn rewards")
-        starts = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        starts = action_starts(messages)
         if len(starts) != len(turns):
             raise ValueError(f"trajectory {traj['trajectory_id']}: {len(turns)} turns but {len(starts)} agent messages")
         rtg = returns_to_go(rewards, gamma)

@@ -2,7 +2,7 @@
 
 Each policy plays the same episodes (same tasks, same per-episode seeds), episodes_per_task
 times per task (HOPE: 3 on val and test), so the policies are compared on paired episodes.
-Standard errors are over episodes. Each policy in best_of_n.policies is also played best-of-n
+Standard errors are over episodes. A row's policy_id is "<policy>:<model id>". Each policy in best_of_n.policies is also played best-of-n
 (HOPE 2.7): n actions sampled per turn, the critic's best one played ("<policy>+best_of_<n>").
 """
 from __future__ import annotations
@@ -44,8 +44,12 @@ def summary(episodes: list[Episode]) -> dict:
 
 
 def policies(params: Params, train_dir: Path) -> dict[str, Path]:
-    """The base policy and every trained method, in params order."""
-    return {"bootstrap": Path(params.train.base_model), **{m: train_dir / "models" / m for m in params.train.methods}}
+    """The base policy, every trained method in params order, and HOPE's actor."""
+    return {
+        "bootstrap": Path(params.train.base_model),
+        **{m: train_dir / "models" / m for m in params.train.methods},
+        **({"actor": Path(params.evaluate.actor)} if params.evaluate.actor else {}),
+    }
 
 
 def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
@@ -74,6 +78,10 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
         ]
         generator = policy_generator(params, model_dir, e.batch_size)
         play(episodes, agent(generator), derive_seed(params.seed, "evaluate"), f"evaluate {name}", simulator)
+        for ep in episodes:
+            # Named for the policy evaluated: two policies on the same weights (an actor left
+            # untrained is its base) play the same games, and their rows must stay apart.
+            ep.policy_id = f"{name}:{generator.model_id}"
         results[name] = {
             "policy_id": episodes[0].policy_id if episodes else generator.model_id,
             **{split: summary([ep for ep in episodes if ep.split == split]) for split in e.splits},

@@ -280,6 +280,24 @@ class CriticParams(Strict):
     max_loss_ratio: float | None = Field(10.0, gt=1)
 
 
+class ActorParams(Strict):
+    base_model: str = "data/bootstrap/model"  # the actor's starting weights and DPO's frozen reference (HOPE: pi_0)
+    critic: str = "data/critic/model"  # ranks the candidates (the critic stage's model)
+    prompts: int = Field(10000, ge=1)  # buffer states trained on, each once (HOPE: 10000 episodes)
+    rounds: int = Field(4, ge=1)  # generate-then-update cycles; each round's candidates come from the actor as it stands
+    candidates: int = Field(2, ge=2)  # per state; the critic's best is chosen, its worst rejected (HOPE's code: 2)
+    sampling: SamplingParams = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=112)  # HOPE: 0.7
+    explore_prob: float = Field(0.0, ge=0, le=1)  # HOPE's beta: candidates from the hindsight proposer (0 main, 0.5 ablation)
+    kl_beta: float = Field(0.03, gt=0)  # DPO's KL coefficient (HOPE's code: 0.03)
+    epochs: float = Field(1, gt=0)  # passes over each round's pairs (HOPE: 1)
+    batch_size: int = Field(8, ge=1)  # pairs per step (HOPE: 2 x 6 accumulation)
+    learning_rate: float = Field(1.0e-4, gt=0)  # HOPE: 8e-8 on a 3B model
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    bf16: bool | Literal["auto"] = "auto"
+    max_loss_ratio: float | None = Field(10.0, gt=1)
+
+
 class MethodParams(Strict):
     algorithm: Literal["sft", "refit", "swift", "filtered_bc"]
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
@@ -349,6 +367,7 @@ class EvaluateParams(Strict):
     batch_size: int = Field(ge=1)
     limit_tasks: int | None = Field(None, ge=1)
     best_of_n: BestOfNParams = BestOfNParams()
+    actor: str | None = "data/actor/model"  # HOPE's actor (the actor stage's model), played as "actor"; null: not played
 
 
 class Params(Strict):
@@ -364,13 +383,14 @@ class Params(Strict):
     standardize: StandardizeParams
     buffer: BufferParams = BufferParams()
     critic: CriticParams = CriticParams()
+    actor: ActorParams = ActorParams()
     train: TrainStageParams
     evaluate: EvaluateParams
 
 
     @model_validator(mode="after")
     def _best_of_n_plays_known_policies(self) -> Params:
-        known = ["bootstrap", *self.train.methods]
+        known = ["bootstrap", *self.train.methods, *(["actor"] if self.evaluate.actor else [])]
         if unknown := [p for p in self.evaluate.best_of_n.policies if p not in known]:
             raise ValueError(f"evaluate.best_of_n.policies: {', '.join(unknown)} is not a policy evaluate plays ({', '.join(known)})")
         return self

@@ -84,10 +84,14 @@ def history(row: dict) -> list[tuple[str, str]]:
     return [(t["action"], t["observation"]) for t in row["turns"]]
 
 
+def action_starts(messages: Sequence[Message]) -> list[int]:
+    """The index of each action's message: every turn is one agent message (Step.info["message"])."""
+    return [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+
+
 def turn_start(messages: Sequence[Message], turn: int) -> int:
-    """The index of the message that is action number `turn`: every turn is one agent message
-    (Step.info["message"]), so it is the turn-th assistant message."""
-    return [i for i, m in enumerate(messages) if m["role"] == "assistant"][turn]
+    """The index of the message that is action number `turn`."""
+    return action_starts(messages)[turn]
 
 
 def episode_from_prefix(env: Environment, parent: dict, branch_turn: int, seed: int) -> Episode:

@@ -63,7 +63,7 @@ def test_repro_bench_small(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     table = json.loads((results / "table.json").read_text())
     assert table["seeds"] == [0, 1] and table["splits"] == ["val", "test", "heldout"]
-    assert list(table["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc_logged", "filtered_bc", "bootstrap+best_of_4"]
+    assert list(table["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc_logged", "filtered_bc", "actor", "bootstrap+best_of_4"]
     for seed, d in ((0, out / "seed0"), (1, out / "seed1")):
         metrics = json.loads((d / "evaluate/metrics.json").read_text())
         for name, row in table["policies"].items():
@@ -86,7 +86,7 @@ def test_repro_bench_small(tmp_path):
     assert p["success"]["ci95"][0] <= p["success"]["diff"] <= p["success"]["ci95"][1]
     assert "refit - refit_logged" in proc.stdout and "Hindsight arm minus its logged-only arm" in proc.stdout
     points = json.loads((results / "success.json").read_text())
-    assert len(points) == 7 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")  # six arms and best-of-N on the base
+    assert len(points) == 8 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")  # six arms, the actor and best-of-N on the base
     # A stopped seed resumes after its last finished stage, and only with the params it ran with.
     shutil.rmtree(out / "seed1/evaluate")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)

@@ -24,6 +24,7 @@ from storage.schema import to_table
 from storage.validate import read_checked
 from tasks.buffer import run_buffer
 from tasks.collect import run_collect
+from tasks.actor import run_actor
 from tasks.critic import run_critic
 from tasks.evaluate import run_evaluate
 from tasks.label import run_label
@@ -69,8 +70,13 @@ def chain_params(model_dir: Path, max_new_tokens: int, roles: dict | None = None
         "regenerate": {"sampling": sampling},
         "train": {"base_model": str(model_dir), "epochs": 1, "batch_size": 4},
         "critic": {"base_model": str(model_dir)},
-        # best-of-N picks with the chain's critic (run_chain trains it), or is off
-        "evaluate": {"best_of_n": {"critic": str(critic), "policies": ["bootstrap"]} if critic else {"policies": []}},
+        "actor": {"base_model": str(model_dir), "prompts": 8, "rounds": 2, "batch_size": 4, "sampling": sampling},
+        # best-of-N picks with the chain's critic and evaluate plays its actor (run_chain trains
+        # both, under the critic's folder's parent), or neither is played
+        "evaluate": {
+            "best_of_n": {"critic": str(critic), "policies": ["bootstrap"]} if critic else {"policies": []},
+            "actor": str(critic.parent.parent / "actor/model") if critic else None,
+        },
     })
     raw["train"]["methods"] = {"refit": {"algorithm": "refit"}, "swift": {"algorithm": "swift"}}
     return Params.model_validate(raw)
@@ -98,7 +104,9 @@ def run_chain(params: Params, model_dir: Path, out: Path) -> dict[str, dict]:
     m["train"] = run_train(params, out / "standardize" / "train.parquet", out / "train")
     m["buffer"] = run_buffer(params, both, out / "buffer")
     m["critic"] = run_critic(params, out / "buffer" / "pairs.parquet", out / "critic")
-    for stage in ("summarize", "relabel", "regenerate", "label", "standardize", "train", "buffer", "critic"):
+    actor = params.model_copy(update={"actor": params.actor.model_copy(update={"critic": str(out / "critic" / "model")})})
+    m["actor"] = run_actor(actor, out / "buffer" / "pairs.parquet", both, out / "summarize" / "summaries.parquet", out / "actor")
+    for stage in ("summarize", "relabel", "regenerate", "label", "standardize", "train", "buffer", "critic", "actor"):
         assert_nothing_quarantined(stage, m[stage], out / stage)
     # Rows in = rows out, stage after stage.
     n = m["collect"]["trajectories"]
@@ -146,7 +154,8 @@ def test_empty_replies_are_recorded_as_the_marker_and_pass_every_stage(silent_mo
     assert (tmp_path / "again/trajectories.parquet").read_bytes() == (tmp_path / "collect/trajectories.parquet").read_bytes()
     # evaluate records its episodes the same way: every policy's rows pass the trajectory checks.
     e = run_evaluate(chain_params(silent_model_dir, 24, critic=tmp_path / "critic/model"), tmp_path / "train", tmp_path / "evaluate")
-    assert "bootstrap+best_of_4" in e["policies"]
+    assert "bootstrap+best_of_4" in e["policies"] and "actor" in e["policies"]
+    assert m["actor"]["untrained"].startswith("no pair to train on")  # every candidate is the empty reply: all tie
     kept, quarantine = read_checked(tmp_path / "evaluate/episodes.parquet", "trajectories")
     assert quarantine.num_rows == 0 and kept.num_rows == sum(p["heldout"]["episodes"] for p in e["policies"].values()) > 0
     assert set(replies(tmp_path / "evaluate/episodes.parquet")) == {EMPTY_REPLY}

@@ -238,11 +238,13 @@ def train_sft(
     checkpoint_steps: int = 10,
     padding_free: bool = False,
     trainer_cls: type[Trainer] = Trainer,
+    collator: PadCollator | None = None,
     callbacks: tuple[TrainerCallback, ...] = (),
     **trainer_kwargs,
 ) -> list[dict]:
     """Train in place with the HF Trainer (or a subclass with its own loss, such as Refit's);
     returns the logged loss curve. `deepspeed` is a ZeRO config file, used only on GPUs.
+    `collator` batches the examples (default: PadCollator; DPO's pairs have their own).
 
     With `checkpoint_dir`, a checkpoint (weights, optimizer, scheduler, RNG, data position) is
     written there every `checkpoint_steps` steps, rounded up to a multiple of the logging interval
@@ -292,7 +294,7 @@ def train_sft(
             model=model,
             args=args,
             train_dataset=_ListDataset(examples),
-            data_collator=PadCollator(tokenizer.pad_token_id, padding_free),
+            data_collator=collator or PadCollator(tokenizer.pad_token_id, padding_free),
             callbacks=[LossGuard(max_loss_ratio), *callbacks] + ([ExactResume(torch.load(resume / EPOCH_RNG) if resume else None)] if checkpoint_dir else []),
             **trainer_kwargs,
         )
