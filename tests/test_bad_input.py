@@ -135,9 +135,17 @@ def pair(i: int = 0, **change) -> dict:
     }
 
 
+def preference(i: int = 0, **change) -> dict:
+    return {
+        "key": f"s{i}", "round": 0, "trajectory_id": f"t{i}", "turn": 1, "prompt": MESSAGES[:2], "chosen": MESSAGES[2],
+        "rejected": {"role": "assistant", "content": "REASON: x\nQUESTION: Is it a car?"}, "chosen_score": 0.7, "rejected_score": 0.2,
+        "source": "policy", **change,
+    }
+
+
 GOOD = {
     "trajectories": traj, "summaries": summary, "relabels": relabel, "labels": label, "training": training,
-    "export": export, "quarantine": quarantined, "pairs": pair,
+    "export": export, "quarantine": quarantined, "pairs": pair, "preferences": preference,
 }
 
 
@@ -197,7 +205,7 @@ def test_rows_the_pipeline_writes_pass(tmp_path):
     assert quarantine.to_pylist() == [] and kept.num_rows == 6
 
 
-T, S, R, L, TR, E, Q, P = "trajectories", "summaries", "relabels", "labels", "training", "export", "quarantine", "pairs"
+T, S, R, L, TR, E, Q, P, PR = "trajectories", "summaries", "relabels", "labels", "training", "export", "quarantine", "pairs", "preferences"
 edited = traj(1)
 edited["messages"] = with_message(2, content="REASON: edited.\nQUESTION: Is it an animal?")  # by hand: the ID is stale
 
@@ -283,6 +291,14 @@ ROW_FAULTS = {
     "unknown pair source": (P, pair(1, source="regeneration"), "source", r"^'regeneration' is not one of on-policy, hindsight$"),
     "action not the agent's": (P, pair(1, action=MESSAGES[1]), "action.role", r"^'user' is not one of assistant$"),
     "duplicate pair": (P, pair(0), "key", r"^duplicate of row 0"),
+    # preferences (the actor's pairs)
+    "chosen not above rejected": (PR, preference(1, chosen_score=0.2), "chosen_score", r"^0\.2, not above rejected_score 0\.2$"),
+    "score above 1": (PR, preference(1, chosen_score=1.5), "chosen_score", r"^1\.5 is outside \[0, 1\]$"),
+    "NaN rejected score": (PR, preference(1, rejected_score=float("nan")), "rejected_score", r"^nan is not a finite number$"),
+    "negative round": (PR, preference(1, round=-1), "round", r"^-1 is negative$"),
+    "unknown preference source": (PR, preference(1, source="oracle"), "source", r"^'oracle' is not one of policy, proposer$"),
+    "rejected not the agent's": (PR, preference(1, rejected=MESSAGES[1]), "rejected.role", r"^'user' is not one of assistant$"),
+    "duplicate state": (PR, preference(0), "key", r"^duplicate of row 0"),
     # labels
     "NaN label reward": (L, label(1, reward=float("nan")), "reward", r"^nan is not a finite number$"),
     "-inf env reward": (L, label(1, env_reward=float("-inf")), "env_reward", r"^-inf is not a finite number$"),
