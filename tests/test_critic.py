@@ -98,3 +98,14 @@ def test_best_of_n_plays_the_candidate_the_score_ranks_highest(tiny_model_dir):
         candidates = [c.text for c in gen.generate([ep.messages] * 3, sampling, seeds)]
         assert text == min(candidates, key=len) and ep.policy_id.endswith("+best_of_3")
         assert len(set(candidates)) > 1  # there was a choice to make
+
+
+def test_candidates_of_one_state_share_its_encoding_and_score_as_whole_pairs(tiny_model_dir):
+    torch.manual_seed(0)
+    model, tok = critic.load_critic(str(tiny_model_dir), base=True)
+    a = [{"role": "system", "content": "play"}, {"role": "user", "content": "Turn 1."}]
+    b = [*a, {"role": "assistant", "content": "REASON: x\nQUESTION: Is it an animal?"}, {"role": "user", "content": "Yes. Turn 2."}]
+    acts = [{"role": "assistant", "content": t} for t in ("REASON: y\nQUESTION: Is it huge?", "REASON: y\nQUESTION: Is it a car made of metal?", "")]
+    pairs = [(a, acts[0]), (b, acts[1]), (a, acts[1]), (b, acts[0]), (b, acts[2])]
+    expected = critic.score(model, tok, [critic.encode(tok, s, x) for s, x in pairs])
+    assert critic.score_pairs(model, tok, pairs) == pytest.approx(expected, abs=1e-5)

@@ -10,9 +10,11 @@ and action (the action's end-of-turn token). Q(s, a) is the sigmoid of that scor
 """
 from __future__ import annotations
 
+import json
+
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, DynamicCache, Trainer
 
 from tasks.train.sft import train_sft
 
@@ -26,9 +28,10 @@ def load_critic(path: str, base: bool = False):
 
 
 def scorer(path: str):
-    """The critic at `path` as best-of-N's score function: (state, action message) pairs -> Q."""
+    """The critic at `path` as best-of-N's and the actor's score function: (state, action
+    message) pairs -> Q (score_pairs)."""
     model, tokenizer = load_critic(path)
-    return lambda pairs: score(model, tokenizer, [encode(tokenizer, state, action) for state, action in pairs])
+    return lambda pairs: score_pairs(model, tokenizer, pairs)
 
 
 def soft_bce(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -75,3 +78,47 @@ def score(model, tokenizer, sequences: list[list[int]], batch_size: int = 32) ->
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk])
         out += torch.sigmoid(model(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float()).tolist()
     return out
+
+
+@torch.no_grad()
+def score_pairs(model, tokenizer, pairs: list[tuple[list[dict], dict]]) -> list[float]:
+    """Q(s, a) for (state messages, action message) pairs, in order, as `score` gives it. The
+    candidates of one state (best-of-N's n, the actor's two) share the state's encoding: it is
+    run once and its keys and values serve every action after it, so a turn costs the state once
+    and not n times. A pair whose state the template renders differently once the action
+    follows, or that is longer than the context, is scored whole by `score`."""
+    model.eval()
+    context = model.config.max_position_embeddings
+    out: list[float | None] = [None] * len(pairs)
+    groups: dict[str, list[int]] = {}
+    for i, (state, _) in enumerate(pairs):
+        groups.setdefault(json.dumps(state, sort_keys=True, default=str), []).append(i)
+    whole: list[int] = []
+    for members in groups.values():
+        state = pairs[members[0]][0]
+        prefix = list(tokenizer.apply_chat_template(state, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+        actions, shared = [], []
+        for i in members:
+            ids = encode(tokenizer, state, pairs[i][1])
+            if ids[: len(prefix)] == prefix and len(ids) <= context and len(ids) > len(prefix):
+                actions.append(ids[len(prefix) :])
+                shared.append(i)
+            else:
+                whole.append(i)
+        if not shared:
+            continue
+        cache = DynamicCache(config=model.config)
+        model.model(input_ids=torch.tensor([prefix]), past_key_values=cache, use_cache=True)
+        cache.reorder_cache(torch.zeros(len(shared), dtype=torch.long))  # the state's keys and values for each action
+        width, pad = max(map(len, actions)), tokenizer.pad_token_id
+        ids = torch.tensor([a + [pad] * (width - len(a)) for a in actions])
+        mask = torch.tensor([[1] * len(prefix) + [1] * len(a) + [0] * (width - len(a)) for a in actions])
+        positions = torch.arange(len(prefix), len(prefix) + width).expand(len(shared), -1)
+        hidden = model.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True).last_hidden_state
+        last = hidden[torch.arange(len(shared)), torch.tensor([len(a) - 1 for a in actions])]
+        for i, q in zip(shared, torch.sigmoid(model.score(last).squeeze(-1).float()).tolist()):
+            out[i] = q
+    if whole:
+        for i, q in zip(whole, score(model, tokenizer, [encode(tokenizer, *pairs[i]) for i in whole])):
+            out[i] = q
+    return out  # type: ignore[return-value]
