@@ -147,3 +147,28 @@ def test_without_exploration_every_pair_comes_from_the_actor(chain, tiny_model_d
     )
     assert m["rounds"][0]["explored"] == 0
     assert set(pl.read_parquet(tmp_path / "preferences.parquet")["source"]) == {"policy"}
+
+
+def test_the_loss_and_its_masks_match_trls_dpo_trainer(tiny_model_dir, tmp_path):
+    """TRL's DPOTrainer, given the same pair as prompt and completions in its conversational
+    format, computes the same loss: the same action tokens carry it, against the same reference."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with torch.no_grad():  # an actor that has moved from its reference
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    data = Dataset.from_list([{"prompt": STATE, "chosen": [GOOD], "rejected": [BAD]}])
+    args = DPOConfig(output_dir=str(tmp_path), beta=0.1, per_device_train_batch_size=1, report_to="none", use_cpu=True, max_length=None)
+    trl = DPOTrainer(model=model, ref_model=reference, args=args, train_dataset=data, processing_class=tok)
+    with torch.no_grad():
+        expected = trl.compute_loss(model, trl.data_collator([trl.train_dataset[0]])).item()
+        batch = PadCollator(tok.pad_token_id)([online_dpo.encode(tok, STATE, GOOD, 1024)[0], online_dpo.encode(tok, STATE, BAD, 1024)[0]])
+        pi = online_dpo.sequence_logps(model, batch["input_ids"], batch["attention_mask"], batch["labels"])
+        ref = online_dpo.sequence_logps(reference, batch["input_ids"], batch["attention_mask"], batch["labels"])
+    assert online_dpo.dpo_loss(pi[:1], pi[1:], ref[:1], ref[1:], 0.1)[0].item() == pytest.approx(expected, abs=1e-5)
+    assert expected != pytest.approx(math.log(2), abs=1e-3)  # the pair's margin is not 0: the check has teeth
