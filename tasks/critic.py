@@ -4,20 +4,28 @@ A `heldout_share` of the selected pairs, chosen by a hash of (seed, key), is kep
 training; the critic's calibration on them (its error against their Monte Carlo targets, beside
 the error of always predicting the training targets' mean) is the stage's metric. A pair longer
 than the model's context is left out and counted.
+
+With select: best_of_n_val the critic after every epoch is kept, each plays best-of-N with the
+policy on the val games (HOPE 2.7), and the best is the stage's model (select_checkpoint).
 """
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
 import torch
-from transformers import set_seed
+from transformers import TrainerCallback, set_seed
+
+from models.base import SamplingParams
 
 from storage.schema import chat_message
 from storage.validate import StageInputs
 from tasks.params import Params
-from tasks.rollout import derive_seed
+from tasks.roles import policy_generator
+from tasks.rollout import BestOfNAgent, derive_seed, new_episode, play
+from tasks.simulator import make_simulator
 from tasks.train import _deepspeed_config, _partition, _save
 from tasks.train import critic as algorithm
 from tasks.train.launch import launch, rank, world_size
@@ -41,6 +49,44 @@ def calibration(predicted: list[float], targets: list[float], mean: float) -> di
         "side_agreement": round(sum((p >= 0.5) == (t >= 0.5) for p, t in zip(predicted, targets)) / n, 4),
         "mae_of_mean": round(sum(abs(mean - t) for t in targets) / n, 4),
     }
+
+
+class EpochSnapshots(TrainerCallback):
+    """The critic at the end of every epoch, written under `folder` (a collective under ZeRO-3)."""
+
+    def __init__(self, model, tokenizer, folder: Path, main: bool):
+        self.model, self.tokenizer, self.folder, self.main, self.saved = model, tokenizer, folder, main, []
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        path = self.folder / f"epoch-{len(self.saved) + 1}"
+        _save(self.model, self.tokenizer, path, self.main)
+        self.saved.append(path)
+
+
+def select_checkpoint(params: Params, snapshots: list[Path], held: list[dict], mean: float, out: Path) -> dict:
+    """HOPE's choice of the critic: each snapshot plays best-of-select_n with the policy on the val
+    games; the highest success wins, ties going to the lower held-out error, then the later
+    epoch. The winner is copied to `out`; returns every snapshot's figures and the choice."""
+    c, env = params.critic, params.env.environment()
+    sampling = SamplingParams(**c.select_sampling.model_dump())
+    generator = policy_generator(params, None, params.evaluate.batch_size)
+    simulator = make_simulator(params)
+    figures = []
+    for path in snapshots:
+        model, tokenizer = algorithm.load_critic(str(path))
+        episodes = [new_episode(env, task, derive_seed(params.seed, "critic-select", task.id)) for task in env.tasks("val")]
+        score = lambda pairs, m=model, t=tokenizer: algorithm.score_pairs(m, t, pairs)  # noqa: E731
+        play(episodes, BestOfNAgent(generator, sampling, c.select_n, score), derive_seed(params.seed, "critic-select"), f"critic {path.name}: best-of-{c.select_n} on val", simulator)
+        predicted = algorithm.score(model, tokenizer, [e["input_ids"] for e in held])
+        figures.append({
+            "checkpoint": path.name, "val_success": round(sum(e.game.success for e in episodes) / len(episodes), 4),
+            "heldout_mae": calibration(predicted, [e["target"] for e in held], mean).get("mae"),
+        })
+    best = max(range(len(figures)), key=lambda i: (figures[i]["val_success"], -(figures[i]["heldout_mae"] or 0.0), i))
+    shutil.rmtree(out)
+    shutil.copytree(snapshots[best], out)
+    print(f"critic: {figures[best]['checkpoint']} chosen by best-of-{c.select_n} on val ({figures})", flush=True)
+    return {"by": c.select, "n": c.select_n, "checkpoints": figures, "chosen": figures[best]["checkpoint"]}
 
 
 def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
@@ -70,9 +116,12 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
     if main:
         print(f"critic: {len(train)} pairs to train on, {len(held)} held out, {too_long} too long for the context", flush=True)
     kwargs = {k: getattr(c, k) for k in ("epochs", "batch_size", "learning_rate", "warmup_ratio", "weight_decay", "bf16")}
+    snapshots = out_dir / ".epochs"
+    shutil.rmtree(snapshots, ignore_errors=True)
+    callbacks = (EpochSnapshots(model, tokenizer, snapshots, main),) if c.select == "best_of_n_val" else ()
     curve = algorithm.train(
         model, tokenizer, train, params.seed, padding_free=False, deepspeed=_deepspeed_config(c.deepspeed),
-        max_loss_ratio=c.max_loss_ratio, **kwargs,
+        max_loss_ratio=c.max_loss_ratio, callbacks=callbacks, **kwargs,
     )
     partition = _partition(model)
     # Every rank scores the same pairs: under ZeRO-3 each forward gathers the layers from all ranks.
@@ -81,9 +130,14 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
     metrics: dict = {"inputs": inputs.write(out_dir) if main else {}}
     if not main:
         return metrics
+    mean = sum(e["target"] for e in train) / len(train)
+    if callbacks:
+        metrics["selection"] = select_checkpoint(params, callbacks[0].saved, held, mean, out_dir / "model")
+        shutil.rmtree(snapshots)
+        model, tokenizer = algorithm.load_critic(str(out_dir / "model"))
+        scored = {name: algorithm.score(model, tokenizer, [e["input_ids"] for e in part]) for name, part in (("heldout", held), ("train", train))}
     if world_size() > 1:
         metrics.update(world_size=world_size(), partition=partition)
-    mean = sum(e["target"] for e in train) / len(train)
     points = [{"step": e["step"], "loss": e["loss"]} for e in curve]
     (out_dir / "loss.json").write_text(json.dumps(points) + "\n")
     metrics.update({

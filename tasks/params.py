@@ -278,6 +278,12 @@ class CriticParams(Strict):
     deepspeed: str | None = "tasks/train/deepspeed_zero3.json"  # as train.deepspeed
     nproc_per_node: int = Field(1, ge=1)
     max_loss_ratio: float | None = Field(10.0, gt=1)
+    # which checkpoint is the critic: last | best_of_n_val, HOPE's: the critic is saved after every
+    # epoch and each plays best-of-select_n with the policy (roles.policy) on the val games; the
+    # highest success wins, ties going to the lower held-out error
+    select: Literal["last", "best_of_n_val"] = "last"
+    select_n: int = Field(4, ge=1)  # HOPE: 15
+    select_sampling: SamplingParams = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=112)  # HOPE: 0.7
 
 
 class ActorParams(Strict):
@@ -296,6 +302,20 @@ class ActorParams(Strict):
     weight_decay: float = Field(0.0, ge=0)
     bf16: bool | Literal["auto"] = "auto"
     max_loss_ratio: float | None = Field(10.0, gt=1)
+
+
+class ProposerParams(Strict):
+    base_model: str = "data/bootstrap/model"  # the model fine-tuned into the proposer (HOPE: the base LLM, Llama-3.2-3B-Instruct)
+    epochs: float = Field(2, gt=0)  # phase 1, every counterfactual (HOPE: 2)
+    learning_rate: float = Field(1.0e-3, gt=0)  # phase 1 (HOPE: 3e-5 on a 3B model)
+    success_epochs: float = Field(1, ge=0)  # phase 2, only counterfactuals whose regeneration succeeded (HOPE: 1); 0 skips it
+    success_learning_rate: float = Field(1.0e-4, gt=0)  # phase 2 (HOPE: 3e-6, a tenth of phase 1's)
+    batch_size: int = Field(8, ge=1)  # sites per step (HOPE: as its SFT, 4 x 16 accumulation x 2 GPUs)
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)  # HOPE: not given
+    weight_decay: float = Field(0.0, ge=0)  # HOPE: not given (OpenInstruct's default, 0)
+    bf16: bool | Literal["auto"] = "auto"
+    heldout_share: float = Field(0.1, ge=0, lt=1)  # sites kept out of training: the parse rate and agreement are measured on them
+    max_loss_ratio: float | None = Field(10.0, gt=1)  # as train.max_loss_ratio
 
 
 class MethodParams(Strict):
@@ -384,6 +404,7 @@ class Params(Strict):
     buffer: BufferParams = BufferParams()
     critic: CriticParams = CriticParams()
     actor: ActorParams = ActorParams()
+    proposer: ProposerParams = ProposerParams()
     train: TrainStageParams
     evaluate: EvaluateParams
 

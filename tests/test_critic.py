@@ -109,3 +109,23 @@ def test_candidates_of_one_state_share_its_encoding_and_score_as_whole_pairs(tin
     pairs = [(a, acts[0]), (b, acts[1]), (a, acts[1]), (b, acts[0]), (b, acts[2])]
     expected = critic.score(model, tok, [critic.encode(tok, s, x) for s, x in pairs])
     assert critic.score_pairs(model, tok, pairs) == pytest.approx(expected, abs=1e-5)
+
+
+def test_best_of_n_on_val_chooses_among_the_epochs_checkpoints(tiny_model_dir, tmp_path):
+    write_table(to_table(pairs_table(80), "pairs"), tmp_path / "pairs.parquet", "pairs")
+    raw = tiny_params({
+        "roles": {"policy": {"model": str(tiny_model_dir)}},
+        "critic": {"base_model": str(tiny_model_dir), "epochs": 2, "batch_size": 8, "heldout_share": 0.2, "select": "best_of_n_val", "select_n": 2,
+                   "select_sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 16}},
+    })
+    m = run_critic(Params.model_validate(raw), tmp_path / "pairs.parquet", tmp_path / "out")
+    sel = m["selection"]
+    assert [c["checkpoint"] for c in sel["checkpoints"]] == ["epoch-1", "epoch-2"] and sel["n"] == 2
+    chosen = next(c for c in sel["checkpoints"] if c["checkpoint"] == sel["chosen"])
+    best = max(c["val_success"] for c in sel["checkpoints"])
+    assert chosen["val_success"] == best
+    assert chosen["heldout_mae"] == min(c["heldout_mae"] for c in sel["checkpoints"] if c["val_success"] == best)
+    # the stage's model is the chosen checkpoint: its calibration is that checkpoint's
+    assert m["calibration"]["heldout"]["mae"] == chosen["heldout_mae"]
+    assert sel["checkpoints"][0]["heldout_mae"] != sel["checkpoints"][1]["heldout_mae"]  # two different critics
+    assert not (tmp_path / "out/.epochs").exists()
