@@ -304,6 +304,11 @@ class Environment(ABC):
     def proposer_request(self, task: Task, prefix: Sequence[Mapping], n: int, summary: str) -> Request[list[Counterfactual]]:
         raise _missing(self, "LLM proposer prompt")
 
+    def proposer_reply(self, proposals: Sequence[Counterfactual]) -> str:
+        """The reply to `proposer_request` that its parser reads back as `proposals`: a proposer's
+        counterfactuals as a model's training target (the distilled proposer, tasks/proposer.py)."""
+        raise _missing(self, "LLM proposer reply format")
+
     def controller_request(self, task: Task, turns: Sequence[Mapping], top: int) -> Request[list[tuple[int, Counterfactual]]]:
         raise _missing(self, "LLM controller prompt")
 

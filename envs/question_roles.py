@@ -131,6 +131,15 @@ def parse_proposals(text: str, n: int, hidden: Mapping[str, Iterable[str]]) -> l
     return out
 
 
+def proposal_reply(proposals: Sequence[Counterfactual]) -> str:
+    """The reply parse_proposals reads back as `proposals`: the JSON list the prompt asks for,
+    fenced as it asks, one line (fewer tokens for the distilled proposer to learn)."""
+    if not proposals:
+        raise ValueError("no proposals to write a reply of")
+    items = [{"teacher_reason": p.rationale, "question": p.action, "player_reason": p.reason} for p in proposals]
+    return "```json\n" + json.dumps(items, ensure_ascii=False) + "\n```"
+
+
 # ---- reward labeler (HR's few-shot labeler) ----
 
 _REWARD_LINE = re.compile(r"^\s*Reward:\s*(-?\d+(?:\.\d+)?)\s*$", re.I)
@@ -265,9 +274,10 @@ def replay_continuation(pairs: list[tuple[str, str]], start: int, replay, view: 
 
 class QuestionRoleRequests:
     """HR's hindsight controller, the few-shot labeler and the rubric judge, as both question
-    games ask them. The environment gives its prompts (`prompt(template, **values)`), the name
-    its templates give the secret (`secret_key`), and `refused(task, prefix, question)`: why the
-    player could not have asked `question` after the logged turns `prefix`, or None."""
+    games ask them, and the reply format of their proposer. The environment gives its prompts
+    (`prompt(template, **values)`), the name its templates give the secret (`secret_key`), and
+    `refused(task, prefix, question)`: why the player could not have asked `question` after the
+    logged turns `prefix`, or None."""
 
     secret_key: str
     max_turns: int
@@ -278,6 +288,9 @@ class QuestionRoleRequests:
 
     def refused(self, task, prefix: Sequence[Mapping], question: str) -> str | None:
         raise NotImplementedError
+
+    def proposer_reply(self, proposals: Sequence[Counterfactual]) -> str:
+        return proposal_reply(proposals)
 
     def controller_request(self, task, turns, top: int) -> Request[list[tuple[int, Counterfactual]]]:
         played = history(turns)

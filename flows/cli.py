@@ -23,6 +23,7 @@ def _stage_flows() -> dict:
     from flows.critic import critic_flow
     from flows.evaluate import evaluate_flow
     from flows.label import label_flow
+    from flows.proposer import proposer_flow
     from flows.regenerate import regenerate_flow
     from flows.relabel import relabel_flow
     from flows.standardize import standardize_flow
@@ -35,6 +36,7 @@ def _stage_flows() -> dict:
         "summarize": summarize_flow,
         "relabel": relabel_flow,
         "regenerate": regenerate_flow,
+        "proposer": proposer_flow,
         "label": label_flow,
         "standardize": standardize_flow,
         "buffer": buffer_flow,

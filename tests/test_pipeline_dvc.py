@@ -36,7 +36,7 @@ def _wait_until_gone(group: int, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
+STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "proposer", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
 
 
 def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace, tmp_path, faults):

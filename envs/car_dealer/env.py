@@ -288,6 +288,9 @@ class CarDealer(Environment):
         state = self.dealership(task, prefix)
         return Request(llm_roles.proposer_prompt(self.catalog, state, n, summary), lambda text: llm_roles.parse_proposals(text, state, n))
 
+    def proposer_reply(self, proposals: Sequence[Counterfactual]) -> str:
+        return llm_roles.proposal_reply(proposals)
+
     def controller_request(self, task: Buyer, turns, top: int) -> Request[list[tuple[int, Counterfactual]]]:
         state = self.dealership(task, turns)
         return Request(llm_roles.controller_prompt(state, top), lambda text: llm_roles.parse_controller(text, lambda k: self.dealership(task, turns[:k]), len(turns), top))

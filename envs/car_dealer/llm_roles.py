@@ -241,6 +241,26 @@ def parse_proposals(text: str, state: Dealership, n: int) -> list[Counterfactual
     return out
 
 
+def proposal_reply(proposals: Sequence[Counterfactual]) -> str:
+    """The reply parse_proposals reads back as `proposals`: each action's fields as the prompt's
+    JSON asks for them (a call's api_call, or a reply's response, car_idx and proposed_car)."""
+    if not proposals:
+        raise ValueError("no proposals to write a reply of")
+    items = []
+    for p in proposals:
+        item: dict[str, object] = {"teacher_reason": p.rationale}
+        if is_api(p.text):
+            call = parse_api(p.text).call
+            item["api_call"] = {"api_name": call.name, "api_brand": call.brand, "api_type": call.type, "api_features": list(call.features)}
+        else:
+            r = parse_reply(p.text)
+            car = r.copied
+            item |= {"response": r.response, "car_idx": r.car_index,
+                     "proposed_car": {"brand": car.brand, "type": car.type, "features": list(car.features), "msrp": car.msrp} if car else {"brand": "", "type": "", "features": [], "msrp": 0}}
+        items.append(item | {"seller_reason": p.reason})
+    return "```json\n" + json.dumps(items, ensure_ascii=False) + "\n```"
+
+
 # ---- hindsight controller (HR) ----
 
 def controller_prompt(state: Dealership, top: int) -> list[dict[str, str]]:
