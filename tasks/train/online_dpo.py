@@ -38,12 +38,15 @@ def encode(tokenizer, prompt: list[dict], action: dict, context: int) -> tuple[d
 
 
 def sequence_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum of log p(token) over each row's labelled tokens: [B]."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    """Sum of log p(token) over each row's labelled tokens: [B]. The output layer and softmax run
+    on the action's positions only: a state is most of a sequence and carries no loss."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
     target = labels[:, 1:]
     keep = target != IGNORE
-    logp = torch.gather(logits.log_softmax(-1), 2, target.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return (logp * keep).sum(-1)
+    logits = model.get_output_embeddings()(hidden[keep]).float()
+    logp = logits.log_softmax(-1).gather(1, target[keep].unsqueeze(1)).squeeze(1)
+    rows = torch.arange(len(target), device=target.device).unsqueeze(1).expand_as(target)[keep]
+    return torch.zeros(len(target), dtype=logp.dtype, device=logp.device).index_add(0, rows, logp)
 
 
 def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float):
