@@ -78,8 +78,11 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace,
     assert judged["pairs_selected"] == pairs.column("selected").to_pylist().count(True)
     assert (project / "data/critic/model/config.json").exists()
     evaluation = json.loads((project / "data/evaluate/metrics.json").read_text())
-    assert list(evaluation["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc", "sft", "bootstrap+best_of_4"]
-    assert evaluation["policies"]["bootstrap+best_of_4"]["policy_id"].endswith("+best_of_4")
+    assert list(evaluation["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc", "sft", "actor", "bootstrap+best_of_4"]
+    actor = json.loads((project / "data/actor/metrics.json").read_text())
+    assert actor["states"] > 0 and (project / "data/actor/preferences.parquet").exists()
+    assert json.loads((project / "data/proposer/metrics.json").read_text())["counterfactuals"] == relabels.num_rows
+    assert evaluation["policies"]["bootstrap+best_of_4"]["policy_id"].startswith("bootstrap+best_of_4:model@")  # "<policy>:<model id>"
     assert evaluation["policies"]["swift"]["heldout"]["episodes"] == 1 * 2 * 2  # 1 task x val/test x 2 episodes
 
     t0 = time.time()
