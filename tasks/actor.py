@@ -16,6 +16,10 @@ a seeded order; `prompts` of them are cut into `rounds`, and every round is onli
    and is counted, not trained on;
 3. one pass of sigmoid DPO over the round's pairs against the reference (kl_beta; HOPE 0.03).
 
+With select: val the actor after every round plays the val games (evaluate's sampling) and the
+round with the highest success is the stage's model (HOPE's choice of checkpoint); with last, the
+actor after the last round.
+
 Every pair trained on is in out_dir/preferences.parquet (the state, chosen and rejected with
 their critic scores, the round, who made them), each round's counts (states, explored, ties,
 pairs, the critic's mean score of chosen and rejected) in metrics.json, its DPO loss, implicit-reward margin and accuracy in loss.json, and
@@ -27,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -40,7 +45,8 @@ from storage.schema import from_table, stored_message, to_table
 from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.roles import account, call_requests, make_generator, policy_generator
-from tasks.rollout import Episode, derive_seed, episode_from_prefix
+from tasks.rollout import Episode, LMAgent, derive_seed, episode_from_prefix, new_episode, play
+from tasks.simulator import make_simulator
 from tasks.train import critic as critic_model
 from tasks.train import online_dpo
 from tasks.train.sft import MaskError
@@ -70,6 +76,15 @@ def states(pairs: list[dict], trajectories: dict[str, dict], summaries: dict[str
         found[key] = {"key": key, "trajectory_id": (logged or known)[0], "turn": p["turn"]}
     order = sorted(found.values(), key=lambda s: derive_seed(seed, "actor-state", s["key"]))
     return order[:size], missing
+
+
+def val_success(params: Params, model_dir: Path, label: str) -> float:
+    """The policy at `model_dir` on the val games, one episode each at evaluate's sampling."""
+    env = params.env.environment()
+    episodes = [new_episode(env, task, derive_seed(params.seed, "actor-select", task.id)) for task in env.tasks("val")]
+    generator = policy_generator(params, model_dir, params.evaluate.batch_size)
+    play(episodes, LMAgent(generator, SamplingParams(**params.evaluate.sampling.model_dump())), derive_seed(params.seed, "actor-select"), label, make_simulator(params))
+    return round(sum(e.game.success for e in episodes) / len(episodes), 4)
 
 
 def _model_dir(model, tokenizer, folder: Path) -> Path:
@@ -102,7 +117,7 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
     proposer_role = params.roles.proposer
     proposer = make_generator(proposer_role, params.cache.path) if a.explore_prob > 0 and proposer_role.backend != "oracle" else None
     kwargs = {k: getattr(a, k) for k in ("epochs", "batch_size", "learning_rate", "warmup_ratio", "weight_decay", "bf16")}
-    rounds, curve, all_calls, table = [], [], [], []
+    rounds, curve, all_calls, table, kept = [], [], [], [], []
     print(f"actor: {len(chosen_states)} states in {a.rounds} rounds", flush=True)
     with tempfile.TemporaryDirectory(prefix="retrosight-actor-") as tmp:
         for i in range(a.rounds):
@@ -195,12 +210,21 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
                 "seconds": round(time.time() - r0, 1),
             })
             print(f"actor: round {i + 1}/{a.rounds}: {len(examples)} pairs, {counts['ties']} ties, {counts['explored']} explored ({rounds[-1]['seconds']} s)", flush=True)
+            if a.select == "val":
+                kept.append(_model_dir(model, tokenizer, Path(tmp) / f"after-round-{i}"))
+                rounds[-1]["val_success"] = val_success(params, kept[-1], f"actor after round {i + 1}: val")
+        chosen = None
+        if kept:  # HOPE: the checkpoint with the highest val success; ties go to the later round
+            chosen = max(range(len(kept)), key=lambda j: (rounds[j]["val_success"], j))
+            shutil.rmtree(out_dir / "model", ignore_errors=True)
+            shutil.copytree(kept[chosen], out_dir / "model")
     untrained = None
     if not any(r["pairs"] for r in rounds):
         # As train does for a method left without rows: the base is kept, and the metrics say why.
         untrained = f"no pair to train on in {len(rounds)} rounds over {len(chosen_states)} states: every state's candidates tied or failed; the actor is the base model"
         print(f"actor: {untrained}", flush=True)
-    _model_dir(model, tokenizer, out_dir / "model")
+    if chosen is None:
+        _model_dir(model, tokenizer, out_dir / "model")
     write_table(to_table(table, "preferences"), out_dir / "preferences.parquet", "preferences")
     (out_dir / "loss.json").write_text(json.dumps(curve) + "\n")
     metrics = {
@@ -212,6 +236,7 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
         "rounds": rounds,
         "pairs": sum(r["pairs"] for r in rounds),
         **({"untrained": untrained} if untrained else {}),
+        **({"chosen_round": chosen} if chosen is not None else {}),
         "final_loss": curve[-1]["loss"] if curve else None,
         "seconds": round(time.time() - t0, 1),
     }

@@ -302,6 +302,7 @@ class ActorParams(Strict):
     weight_decay: float = Field(0.0, ge=0)
     bf16: bool | Literal["auto"] = "auto"
     max_loss_ratio: float | None = Field(10.0, gt=1)
+    select: Literal["last", "val"] = "last"  # val: the round whose actor wins most val games (HOPE); last: the last round's
 
 
 class ProposerParams(Strict):

@@ -172,3 +172,12 @@ def test_the_loss_and_its_masks_match_trls_dpo_trainer(tiny_model_dir, tmp_path)
         ref = online_dpo.sequence_logps(reference, batch["input_ids"], batch["attention_mask"], batch["labels"])
     assert online_dpo.dpo_loss(pi[:1], pi[1:], ref[:1], ref[1:], 0.1)[0].item() == pytest.approx(expected, abs=1e-4)  # float rounding
     assert expected != pytest.approx(math.log(2), abs=1e-3)  # the pair's margin is not 0: the check has teeth
+
+
+def test_select_val_keeps_the_round_whose_actor_wins_most_val_games(chain, tiny_model_dir, tmp_path):
+    p = actor_params(chain, tiny_model_dir, explore_prob=0.0, prompts=8, rounds=2, select="val", learning_rate=3e-3)
+    m = run_actor(p, chain / "pairs.parquet", [chain / "collect.parquet", chain / "regenerate.parquet"], chain / "summaries.parquet", tmp_path)
+    wins = [r["val_success"] for r in m["rounds"]]
+    assert len(wins) == 2 and m["chosen_round"] == max(range(2), key=lambda j: (wins[j], j))
+    from tasks.actor import val_success
+    assert val_success(p, tmp_path / "model", "again") == wins[m["chosen_round"]]  # the kept model is that round's
