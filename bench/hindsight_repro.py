@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from tasks.evaluate import mean_se  # noqa: E402
 from tasks.params import Params  # noqa: E402
 
-STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
+STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_prm", "train", "evaluate"]
 
 
 def override(raw: dict, assignment: str) -> None:
@@ -68,6 +68,10 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
     from tasks.train import run_train
 
     trajectories = [d / "collect/trajectories.parquet", d / "regenerate/trajectories.parquet"]
+    prm = params.model_copy(update={
+        "buffer": params.buffer.model_copy(update={"alpha": 0.0}),
+        "actor": params.actor.model_copy(update={"critic": str(d / "critic_prm/model")}),
+    })
     steps = {
         "bootstrap": lambda: run_bootstrap(params, d / "bootstrap"),
         "collect": lambda: run_collect(params, d / "bootstrap/model", d / "collect"),
@@ -79,6 +83,10 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         "buffer": lambda: run_buffer(params, trajectories, d / "buffer"),
         "critic": lambda: run_critic(params, d / "buffer/pairs.parquet", d / "critic"),
         "actor": lambda: run_actor(params, d / "buffer/pairs.parquet", trajectories, d / "summarize/summaries.parquet", d / "actor"),
+        # PRM+RL (HOPE's baseline): the same critic and actor on a buffer without hindsight (alpha 0)
+        "buffer_prm": lambda: run_buffer(prm, trajectories, d / "buffer_prm"),
+        "critic_prm": lambda: run_critic(prm, d / "buffer_prm/pairs.parquet", d / "critic_prm"),
+        "actor_prm": lambda: run_actor(prm, d / "buffer_prm/pairs.parquet", trajectories, d / "summarize/summaries.parquet", d / "actor_prm"),
         "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train"),
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
     }
@@ -162,9 +170,12 @@ def compare(results: dict[int, dict], dirs: dict[int, Path], methods: dict) -> d
                                                   "by_seed": [results[s]["policies"][name][split][key] for s in seeds]}
         table["policies"][name] = row
     episodes = {s: episodes_of(dirs[s], results[s]) for s in seeds}
-    for name in methods:
-        base = logged_arm(name, methods)
-        if base is None:
+    against = {name: logged_arm(name, methods) for name in methods}
+    # HOPE against PRM+RL: the critic (and the actor it trains) with hindsight against without
+    for name in first["policies"]:
+        against[name] = "actor_prm" if name == "actor" else f"{name}[prm]" if "+best_of_" in name and not name.endswith("]") else against.get(name)
+    for name, base in against.items():
+        if base is None or base not in first["policies"]:
             continue
         a = {(s, *k): v for s in seeds for k, v in episodes[s][name].items()}
         b = {(s, *k): v for s in seeds for k, v in episodes[s][base].items()}
@@ -183,7 +194,7 @@ def show(table: dict, sets: list[str], preset: Path | None) -> None:
                         f"{row[s]['mean_return']['mean']:>12.2f} ± {row[s]['mean_return']['se']:.2f}" for s in splits)
         print(f"{name:<20}{cells}  " + " ".join(f"{x:.3f}" for x in row["heldout"]["success_rate"]["by_seed"]))
     if table["paired"]:
-        print("\nHindsight arm minus its logged-only arm, paired over the same episodes (95% interval):")
+        print("\nHindsight arm minus its logged-only arm (HOPE's critic and actor: minus PRM+RL's), paired over the same episodes (95% interval):")
         for name, p in table["paired"].items():
             cells = "; ".join(
                 f"{s} success {p[s]['success']['diff']:+.3f} [{p[s]['success']['ci95'][0]:+.3f}, {p[s]['success']['ci95'][1]:+.3f}], "
@@ -234,6 +245,8 @@ def main() -> None:
         override(raw, f"actor.base_model={d / 'bootstrap/model'}")
         override(raw, f"actor.critic={d / 'critic/model'}")
         override(raw, f"evaluate.actor={d / 'actor/model'}")  # the seed's actor is played
+        override(raw, f"evaluate.extra={{actor_prm: {d / 'actor_prm/model'}}}")  # and PRM+RL's, beside it
+        override(raw, f"evaluate.best_of_n.critics={{prm: {d / 'critic_prm/model'}}}")
         params = Params.model_validate(raw)
         done = d / "evaluate/metrics.json"
         if args.fresh and d.exists():

@@ -2,8 +2,10 @@
 
 Each policy plays the same episodes (same tasks, same per-episode seeds), episodes_per_task
 times per task (HOPE: 3 on val and test), so the policies are compared on paired episodes.
-Standard errors are over episodes. A row's policy_id is "<policy>:<model id>". Each policy in best_of_n.policies is also played best-of-n
-(HOPE 2.7): n actions sampled per turn, the critic's best one played ("<policy>+best_of_<n>").
+Standard errors are over episodes. A row's policy_id is "<policy>:<model id>". Each policy in
+best_of_n.policies is also played best-of-n (HOPE 2.7): n actions sampled per turn, the critic's
+best one played ("<policy>+best_of_<n>"), and with each of best_of_n.critics
+("<policy>+best_of_<n>[<critic>]").
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ def policies(params: Params, train_dir: Path) -> dict[str, Path]:
         "bootstrap": Path(params.train.base_model),
         **{m: train_dir / "models" / m for m in params.train.methods},
         **({"actor": Path(params.evaluate.actor)} if params.evaluate.actor else {}),
+        **{name: Path(path) for name, path in params.evaluate.extra.items()},
     }
 
 
@@ -66,9 +69,10 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
     bon = e.best_of_n
     plays = [(name, model_dir, lambda gen: LMAgent(gen, sampling)) for name, model_dir in models.items()]
     if bon.policies:
-        score = critic.scorer(bon.critic)
         best = SamplingParams(**bon.sampling.model_dump())
-        plays += [(f"{name}+best_of_{bon.n}", models[name], lambda gen: BestOfNAgent(gen, best, bon.n, score)) for name in bon.policies]
+        for tag, path in {"": bon.critic, **{f"[{k}]": v for k, v in bon.critics.items()}}.items():
+            score = critic.scorer(path)
+            plays += [(f"{name}+best_of_{bon.n}{tag}", models[name], lambda gen, score=score: BestOfNAgent(gen, best, bon.n, score)) for name in bon.policies]
     for name, model_dir, agent in plays:
         episodes = [
             new_episode(env, task, derive_seed(params.seed, "evaluate", split, task.id, k))

@@ -379,6 +379,9 @@ class BestOfNParams(Strict):
     n: int = Field(15, ge=1)  # actions sampled per turn (HOPE: 15)
     sampling: SamplingParams = SamplingParams(temperature=0.7, top_p=1.0, max_new_tokens=112)  # HOPE: 0.7
     policies: list[str] = ["bootstrap"]  # each also played best-of-n; [] turns it off
+    # more critics, each also picking for every policy above, as "<policy>+best_of_<n>[<name>]"
+    # (the bench's critic without hindsight, PRM+RL's, beside HOPE's)
+    critics: dict[str, str] = {}
 
 
 class EvaluateParams(Strict):
@@ -389,6 +392,7 @@ class EvaluateParams(Strict):
     limit_tasks: int | None = Field(None, ge=1)
     best_of_n: BestOfNParams = BestOfNParams()
     actor: str | None = "data/actor/model"  # HOPE's actor (the actor stage's model), played as "actor"; null: not played
+    extra: dict[str, str] = {}  # more policies to play, name: model directory (the bench's PRM+RL actor)
 
 
 class Params(Strict):
@@ -412,7 +416,7 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _best_of_n_plays_known_policies(self) -> Params:
-        known = ["bootstrap", *self.train.methods, *(["actor"] if self.evaluate.actor else [])]
+        known = ["bootstrap", *self.train.methods, *(["actor"] if self.evaluate.actor else []), *self.evaluate.extra]
         if unknown := [p for p in self.evaluate.best_of_n.policies if p not in known]:
             raise ValueError(f"evaluate.best_of_n.policies: {', '.join(unknown)} is not a policy evaluate plays ({', '.join(known)})")
         return self

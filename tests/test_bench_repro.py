@@ -63,15 +63,21 @@ def test_repro_bench_small(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     table = json.loads((results / "table.json").read_text())
     assert table["seeds"] == [0, 1] and table["splits"] == ["val", "test", "heldout"]
-    assert list(table["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc_logged", "filtered_bc", "actor", "bootstrap+best_of_4"]
+    assert list(table["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc_logged", "filtered_bc", "actor", "actor_prm",
+                                      "bootstrap+best_of_4", "bootstrap+best_of_4[prm]"]
     for seed, d in ((0, out / "seed0"), (1, out / "seed1")):
         metrics = json.loads((d / "evaluate/metrics.json").read_text())
         for name, row in table["policies"].items():
             assert row["heldout"]["success_rate"]["by_seed"][seed] == metrics["policies"][name]["heldout"]["success_rate"]
+        prm = json.loads((d / "buffer_prm/metrics.json").read_text())
+        assert prm["trajectories"]["hindsight"] == 0 < json.loads((d / "buffer/metrics.json").read_text())["trajectories"]["hindsight"]
         used = yaml.safe_load((d / "params.yaml").read_text())
         assert used["collect"]["m"] == TINY["collect"]["m"] and used["train"]["methods"]["refit"]["alpha"] == 0.4
     # Paired differences, recomputed from the episodes: the hindsight arm minus its logged-only arm.
-    assert {n: p["against"] for n, p in table["paired"].items()} == {"refit": "refit_logged", "swift": "refit_logged", "filtered_bc": "filtered_bc_logged"}
+    assert {n: p["against"] for n, p in table["paired"].items()} == {
+        "refit": "refit_logged", "swift": "refit_logged", "filtered_bc": "filtered_bc_logged",
+        "actor": "actor_prm", "bootstrap+best_of_4": "bootstrap+best_of_4[prm]",  # HOPE against PRM+RL
+    }
     diffs = []
     for d in (out / "seed0", out / "seed1"):
         ids = {n: p["policy_id"] for n, p in json.loads((d / "evaluate/metrics.json").read_text())["policies"].items()}
@@ -86,7 +92,7 @@ def test_repro_bench_small(tmp_path):
     assert p["success"]["ci95"][0] <= p["success"]["diff"] <= p["success"]["ci95"][1]
     assert "refit - refit_logged" in proc.stdout and "Hindsight arm minus its logged-only arm" in proc.stdout
     points = json.loads((results / "success.json").read_text())
-    assert len(points) == 8 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")  # six arms, the actor and best-of-N on the base
+    assert len(points) == 10 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")  # six arms, two actors, best-of-N with two critics
     # A stopped seed resumes after its last finished stage, and only with the params it ran with.
     shutil.rmtree(out / "seed1/evaluate")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
