@@ -43,16 +43,15 @@ from models.base import SamplingParams
 from storage.parquet import write_table
 from storage.schema import from_table, stored_message, to_table
 from storage.validate import StageInputs
+from tasks.buffer import LOGGED_SOURCES
 from tasks.params import Params
 from tasks.roles import account, call_requests, make_generator, policy_generator
 from tasks.rollout import Episode, LMAgent, derive_seed, episode_from_prefix, new_episode, play
 from tasks.simulator import make_simulator
+from tasks.train import _save
 from tasks.train import critic as critic_model
 from tasks.train import online_dpo
 from tasks.train.sft import MaskError
-
-LOGGED_SOURCES = ("policy", "import")
-
 
 def state_key(prompt: list[dict]) -> str:
     return hashlib.sha256(json.dumps(prompt, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
@@ -88,8 +87,7 @@ def val_success(params: Params, model_dir: Path, label: str) -> float:
 
 
 def _model_dir(model, tokenizer, folder: Path) -> Path:
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    _save(model, tokenizer, folder, main=True)  # one process: the actor does not run on ranks
     return folder
 
 
