@@ -188,11 +188,12 @@ def show(table: dict, sets: list[str], preset: Path | None) -> None:
     splits, seeds = table["splits"], table["seeds"]
     print(f"\nSuccess and mean return over seeds {seeds} (mean ± standard error over seeds; {table['episodes_per_task']} "
           f"episodes per task, T={table['sampling']['temperature']}); preset: {preset or 'none'}; overrides: {sets or 'none'}")
-    print(f"{'policy':<20}" + "".join(f"{s + ' success':>18}{s + ' return':>20}" for s in splits) + "  held-out success by seed")
+    w = max(20, *(len(n) + 2 for n in table["policies"]))
+    print(f"{'policy':<{w}}" + "".join(f"{s + ' success':>18}{s + ' return':>20}" for s in splits) + "  held-out success by seed")
     for name, row in table["policies"].items():
         cells = "".join(f"{row[s]['success_rate']['mean']:>10.3f} ± {row[s]['success_rate']['se']:.3f}"
                         f"{row[s]['mean_return']['mean']:>12.2f} ± {row[s]['mean_return']['se']:.2f}" for s in splits)
-        print(f"{name:<20}{cells}  " + " ".join(f"{x:.3f}" for x in row["heldout"]["success_rate"]["by_seed"]))
+        print(f"{name:<{w}}{cells}  " + " ".join(f"{x:.3f}" for x in row["heldout"]["success_rate"]["by_seed"]))
     if table["paired"]:
         print("\nHindsight arm minus its logged-only arm (HOPE's critic and actor: minus PRM+RL's), paired over the same episodes (95% interval):")
         for name, p in table["paired"].items():
