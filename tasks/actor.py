@@ -28,7 +28,6 @@ round, counted.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import shutil
@@ -43,7 +42,7 @@ from models.base import SamplingParams
 from storage.parquet import write_table
 from storage.schema import from_table, stored_message, to_table
 from storage.validate import StageInputs
-from tasks.buffer import LOGGED_SOURCES
+from tasks.buffer import LOGGED_SOURCES, digest
 from tasks.params import Params
 from tasks.roles import account, call_requests, make_generator, policy_generator
 from tasks.rollout import Episode, LMAgent, derive_seed, episode_from_prefix, new_episode, play
@@ -54,7 +53,7 @@ from tasks.train import online_dpo
 from tasks.train.sft import MaskError
 
 def state_key(prompt: list[dict]) -> str:
-    return hashlib.sha256(json.dumps(prompt, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
+    return digest(prompt)
 
 
 def states(pairs: list[dict], trajectories: dict[str, dict], summaries: dict[str, str], seed: int, size: int) -> tuple[list[dict], int]:

@@ -44,10 +44,14 @@ from tasks.rollout import action_starts, derive_seed
 LOGGED_SOURCES = ("policy", "import")
 
 
+def digest(value: object) -> str:
+    """sha256 of a value serialised as canonical JSON."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()).hexdigest()
+
+
 def pair_key(prompt: list[dict], action: dict) -> str:
     """The pair's identity: sha256 of the serialised state and action (as HOPE's code keys it)."""
-    text = json.dumps({"state": prompt, "action": action}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()
+    return digest({"state": prompt, "action": action})
 
 
 def returns_to_go(rewards: list[float], gamma: float) -> list[float]:

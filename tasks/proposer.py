@@ -39,9 +39,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
 from envs.base import Counterfactual, Environment
-from storage.schema import from_table, to_table
-from storage.validate import StageInputs, row_json
+from storage.schema import from_table
+from storage.validate import StageInputs
 from tasks.params import Params
+from tasks.regenerate import ok_relabels
 from tasks.roles import REASON_CHARS, TOP_REASONS, account, call_requests, make_generator
 from tasks.rollout import derive_seed
 from tasks.train import _save
@@ -82,17 +83,7 @@ def run_proposer(params: Params, relabels: Path, trajectory_files: list[Path], s
     summary_of = {s["trajectory_id"]: s["summary"] for s in inputs.read(summaries, "summaries").to_pylist() if s["status"] == "ok"}
     trajectories = {t["trajectory_id"]: t for f in trajectory_files for t in from_table(inputs.read(f, "trajectories"))}
     succeeded = {t["relabel_id"] for t in trajectories.values() if t["source"] == "regeneration" and t["success"]}
-    table = inputs.read(relabels, "relabels")
-    # A counterfactual whose trajectory is not there (or was quarantined) has no prefix to prompt with.
-    orphans = [i for i, t in enumerate(table.column("trajectory_id").to_pylist()) if t not in trajectories]
-    file_rows = inputs.file_rows(relabels, table)
-    inputs.add(str(relabels), to_table([
-        {"source_file": str(relabels), "row": file_rows[i], "field": "trajectory_id", "raw": raw,
-         "reason": f"names trajectory {table['trajectory_id'][i]}, which is not in {', '.join(map(str, trajectory_files))} (or was quarantined there)"}
-        for i, raw in zip(orphans, row_json(table, orphans))
-    ], "quarantine"))
-    skip = set(orphans)
-    rows = [r for i, r in enumerate(table.to_pylist()) if r["status"] == "ok" and i not in skip]  # the rest have no counterfactual
+    rows = ok_relabels(inputs, relabels, trajectories, ", ".join(map(str, trajectory_files)))
     by_site: dict[tuple[str, int], list[dict]] = {}
     for r in sorted(rows, key=lambda r: (r["trajectory_id"], r["branch_turn"], r["rank"])):
         by_site.setdefault((r["trajectory_id"], r["branch_turn"]), []).append(r)

@@ -69,24 +69,29 @@ def forward_llm(params: Params, episodes: list[Episode], env: Environment) -> tu
     return done, {"forward_calls": account(outcomes, gen), "forward_failures": failed}
 
 
+def ok_relabels(inputs: StageInputs, relabels: Path, parents: dict[str, dict], where: str) -> list[dict]:
+    """The relabels table's rows with a counterfactual (status ok). A relabel whose trajectory is
+    not in `parents` (never logged, or quarantined when read) has no prefix to splice into or
+    prompt with: quarantined, naming the trajectory and `where` it was looked for."""
+    table = inputs.read(relabels, "relabels")
+    orphans = [i for i, t in enumerate(table.column("trajectory_id").to_pylist()) if t not in parents]
+    file_rows = inputs.file_rows(relabels, table)
+    inputs.add(str(relabels), to_table([
+        {"source_file": str(relabels), "row": file_rows[i], "field": "trajectory_id", "raw": raw,
+         "reason": f"names trajectory {table['trajectory_id'][i]}, which is not in {where} (or was quarantined there)"}
+        for i, raw in zip(orphans, row_json(table, orphans))
+    ], "quarantine"))
+    skip = set(orphans)
+    return [r for i, r in enumerate(table.to_pylist()) if r["status"] == "ok" and i not in skip]  # the rest have no counterfactual
+
+
 def run_regenerate(params: Params, trajectories: Path, relabels: Path, model_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/trajectories.parquet (source = regeneration) and out_dir/metrics.json."""
     t0 = time.time()
     g, env = params.regenerate, params.env.environment()
     inputs = StageInputs()
     parents = {t["trajectory_id"]: t for t in from_table(inputs.read(trajectories, "trajectories"))}
-    relabel_table = inputs.read(relabels, "relabels")
-    # A relabel whose trajectory is not there (never logged, or quarantined above) has no
-    # prefix to splice into: quarantined too, naming the trajectory.
-    orphans = [i for i, t in enumerate(relabel_table.column("trajectory_id").to_pylist()) if t not in parents]
-    file_rows = inputs.file_rows(relabels, relabel_table)
-    inputs.add(str(relabels), to_table([
-        {"source_file": str(relabels), "row": file_rows[i], "field": "trajectory_id", "raw": raw,
-         "reason": f"names trajectory {relabel_table['trajectory_id'][i]}, which is not in {trajectories} (or was quarantined there)"}
-        for i, raw in zip(orphans, row_json(relabel_table, orphans))
-    ], "quarantine"))
-    skip = set(orphans)
-    relabel_rows = [r for i, r in enumerate(relabel_table.to_pylist()) if r["status"] == "ok" and i not in skip]  # the rest have no counterfactual
+    relabel_rows = ok_relabels(inputs, relabels, parents, str(trajectories))
     simulator = make_simulator(params)
     episodes = splice_all(params, [(parents[r["trajectory_id"]], r) for r in relabel_rows], simulator)
     ended_at_branch = sum(ep.done for ep in episodes)
