@@ -78,10 +78,13 @@ def named_after_the_expert(model_dir: Path, params, splits: list[str]) -> dict[s
                 if step.terminated or step.truncated:
                     break
                 messages += [step.info["message"], *step.observation]
-            if ": only " not in text:
+            # The guess's reason lists the answers ("...: only X fits.") or, when the observation
+            # does (env.observation: known), only names the object ("Only X fits.").
+            cue = ": only " if ": only " in text else "REASON: Only " if "REASON: Only " in text else None
+            if cue is None:
                 continue
             full = tok.apply_chat_template([*messages, {"role": "assistant", "content": text}], tokenize=False)
-            prefix = full[: full.rindex(": only ") + len(": only")]
+            prefix = full[: full.rindex(cue) + len(cue) - 1]
             ids = torch.tensor([tok(prefix, add_special_tokens=False)["input_ids"]])
             with torch.no_grad():
                 out = model.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)

@@ -6,7 +6,9 @@ import re
 
 from envs.twenty_questions.facts import FACTS_SYSTEM, fact_sheets, identifying_facts
 from envs.twenty_questions.format import system_prompt
+from envs.twenty_questions.game import Game
 from envs.twenty_questions.kb import Entity, KnowledgeBase, Question, load_kb
+from envs.twenty_questions.policies import ExpertPolicy, play
 
 
 def test_facts_are_true_and_tell_the_object_apart():
@@ -116,3 +118,52 @@ def test_a_riddle_in_guess_form_is_a_guess_without_a_game():
     assert action.question == f"Is it {name}?"
     by_label = {q.label: (q, True) for q in kb.questions} | {q.no_label: (q, False) for q in kb.questions}
     assert all(kb.truth(kb.get(name), by_label[label][0]) == by_label[label][1] for label in labels.split(", "))
+
+
+def test_the_expert_order_describes_an_object_by_the_experts_path():
+    """fact_order expert: the most telling statement, ties in the question set's order, as the
+    scripted expert asks; so a description is the expert's game for that object, over every object."""
+    kb = _toy_kb()
+    # "big" splits 4/4 first; then "red" (2/2) beats "odd" (1/3); O1 is then told from O0 by "odd"
+    assert [(q.key, t) for q, t in identifying_facts(kb, kb.get("O1"), random.Random(5), breadth=3, expert=True)] == [("big", True), ("red", True), ("odd", False)]
+    full = load_kb()
+    expert = ExpertPolicy(full)
+    for entity in full.split("val")[:6]:
+        game = Game(full, entity, max_turns=20)
+        asked = [a.question for a, _ in play(expert, game, list(full.entities), random.Random(0))][:-1]  # the last is the guess
+        assert [q.text for q, _ in identifying_facts(full, entity, random.Random(1), expert=True)] == asked
+
+
+def test_a_riddle_in_known_form_is_an_observations_list_then_the_guess():
+    sheets = fact_sheets(_toy_kb(), 2, seed=0, per_sheet=2, form="known", order="mixed")
+    riddles = [(s[i]["content"], s[i + 1]["content"]) for s in sheets for i in range(1, len(s), 2)]
+    assert ("Known: big, red, not odd.", "REASON: Only O1 fits.\nQUESTION: Is it O1?") in riddles
+    # mixed: one of each object's two riddles is the expert's path; the other may differ
+    assert sum(user == "Known: big, red, not odd." for user, _ in riddles) >= 1
+
+
+def test_known_observations_carry_what_the_answers_established(tmp_path):
+    """observation: known: every answer is followed by the list of what all the answers so far
+    established, and a guess's reason then only names the object."""
+    from envs.twenty_questions.env import TwentyQuestions, TwentyQuestionsOptions
+
+    env = TwentyQuestions(TwentyQuestionsOptions(observation="known"))
+    game = env.game(env.task("Apple"))
+    game.reset()
+    first = game.step("REASON: Ask about fruit.\nQUESTION: Is it a fruit?")
+    assert first.observation[0]["content"].startswith("Answer: yes. Known: fruit. Turn 2 of 20.")
+    second = game.step("REASON: Ask about red.\nQUESTION: Is it red?")
+    assert "Known: fruit, red." in second.observation[0]["content"]
+    unknown = game.step("REASON: Hm.\nQUESTION: Is it tasty?")  # "unknown" settles nothing
+    assert "Known: fruit, red." in unknown.observation[0]["content"]
+    expert = env.policies({"p_random": 0, "p_repeat": 0, "p_early_guess": 0})["expert"]
+    rng, game = random.Random(0), env.game(env.task("Apple"))
+    game.reset()
+    while not game.done:
+        text = expert.act(game, rng)
+        step = game.step(text)
+    assert step.terminated and text == "REASON: Only Apple fits.\nQUESTION: Is it Apple?"
+    plain = TwentyQuestions(TwentyQuestionsOptions())
+    game = plain.game(plain.task("Apple"))
+    game.reset()
+    assert "Known" not in game.step("REASON: Ask about fruit.\nQUESTION: Is it a fruit?").observation[0]["content"]

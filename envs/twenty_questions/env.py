@@ -30,7 +30,7 @@ from .format import ActionParseError, final_message, observation_message, parse_
 from .game import MAX_TURNS, Answer, Game
 from .kb import EXPECTED_COUNTS, Entity, KnowledgeBase, load_kb
 from .llm_roles import chat, parse_continuation, parse_yes_no, template_hash
-from .policies import ExpertPolicy, NoisyPolicy, PlayerView, RandomPolicy
+from .policies import ExpertPolicy, NoisyPolicy, PlayerView, RandomPolicy, known
 
 TEMPLATES = {
     "simulator": "simulator.j2", "summarizer": "summary.j2", "proposer": "proposer.j2", "controller": "controller.j2",
@@ -43,7 +43,12 @@ class TwentyQuestionsOptions(Options):
     max_turns: int = Field(MAX_TURNS, ge=1, le=100)  # HOPE: 20, the last one a forced guess
     show_candidates: bool = False  # list the split's objects in the prompts (HOPE does; costs tokens)
     fact_breadth: int = Field(3, ge=1)  # fact sheets: each statement drawn from this many of the most telling
-    fact_form: Literal["statements", "guess"] = "statements"  # statements given, or written as a guess's reason
+    fact_form: Literal["statements", "guess", "known"] = "statements"  # statements given, written as a guess's reason, or an observation's list then the guess
+    fact_order: Literal["telling", "expert", "mixed"] = "telling"  # fact sheets: statements drawn from the fact_breadth most telling, the expert's path to the object, or every other riddle each way
+    # answer: each observation is the oracle's answer; known: it is followed by what all the
+    # answers so far established ("Known: not hand-sized, outdoor."), and a guess's reason only
+    # names the object (the list stands in the observation before it)
+    observation: Literal["answer", "known"] = "answer"
 
 
 def llm_answer(kb: KnowledgeBase, secret: Entity, question: str, text: str) -> Answer:
@@ -92,7 +97,8 @@ class TwentyQuestionsGame(BaseGame):
     def step(self, text: str, answer: Answer | None = None) -> Step:
         reason, question, parsed = self.read(text)
         s = self.state.step(question, answer)
-        content = final_message(s.observation, s.success) if s.done else observation_message(s.observation, self.turn, self.max_turns)
+        known_so_far = known(self.env.kb, self.state.history) if self.env.options.observation == "known" else ""
+        content = final_message(s.observation, s.success) if s.done else observation_message(s.observation, self.turn, self.max_turns, known_so_far)
         info = {
             "message": {"role": "assistant", "content": text},
             "turn": {"reason": reason, "action": question, "observation": s.observation},
@@ -140,7 +146,12 @@ class TwentyQuestions(QuestionRoleRequests, ReasonQuestionActions, Environment):
     def __init__(self, options: TwentyQuestionsOptions):
         super().__init__(options)
         self.kb = load_kb()
-        self.oracle = proposer.OracleProposer(self.kb)
+        self.oracle = proposer.OracleProposer(self.kb, listed=self.listed)
+
+    @property
+    def listed(self) -> bool:
+        """A guess's reason lists what the answers established, unless the observations do."""
+        return self.options.observation == "answer"
 
     @property
     def max_turns(self) -> int:
@@ -188,8 +199,8 @@ class TwentyQuestions(QuestionRoleRequests, ReasonQuestionActions, Environment):
 
     def policies(self, noise: Mapping[str, float]) -> dict[str, Policy]:
         return {
-            "expert": Scripted(ExpertPolicy(self.kb)),
-            "noisy": Scripted(NoisyPolicy(**noise, kb=self.kb)),
+            "expert": Scripted(ExpertPolicy(self.kb, listed=self.listed)),
+            "noisy": Scripted(NoisyPolicy(**noise, kb=self.kb, listed=self.listed)),
             "random": Scripted(RandomPolicy(self.kb)),
         }
 
@@ -198,7 +209,7 @@ class TwentyQuestions(QuestionRoleRequests, ReasonQuestionActions, Environment):
         return names + [system_prompt(self.max_turns, [x.name for x in self.kb.split(s)]) for s in self.splits]
 
     def fact_sheets(self, per_task: int, seed: int) -> list[list[dict]]:
-        return fact_sheets(self.kb, per_task, seed, self.options.fact_breadth, form=self.options.fact_form)
+        return fact_sheets(self.kb, per_task, seed, self.options.fact_breadth, form=self.options.fact_form, order=self.options.fact_order)
 
     # ---- oracle roles ----
 

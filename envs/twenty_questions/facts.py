@@ -43,46 +43,54 @@ def telling(kb: KnowledgeBase, left: frozenset[Entity], used: set[str]) -> list[
     return scored
 
 
-def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random, breadth: int = 3) -> list[tuple[Question, bool]]:
+def identifying_facts(kb: KnowledgeBase, entity: Entity, rng: random.Random, breadth: int = 3, expert: bool = False) -> list[tuple[Question, bool]]:
     """A description of `entity`, general to specific, as a person narrowing it down would give
     it: each statement drawn uniformly from the `breadth` statements that tell the remaining
     objects apart best, until no other object fits them all. Every object of every split is
-    described over all objects, whatever the game's candidates."""
+    described over all objects, whatever the game's candidates. `expert=True` takes the most
+    telling statement, ties in the question set's order, as the scripted expert asks: the
+    description is then the expert's path to the object (over every object)."""
     left = frozenset(kb.entities)
     facts: list[tuple[Question, bool]] = []
     while len(left) > 1:
         scored = telling(kb, left, {q.key for q, _ in facts})
         if not scored:
             break  # objects with identical answers to every question: the description stops short
-        rng.shuffle(scored)  # ties among equally telling statements fall randomly
+        if not expert:
+            rng.shuffle(scored)  # ties among equally telling statements fall randomly
         scored.sort(key=lambda sq: -sq[0])
-        q = rng.choice(scored[:breadth])[1]
+        q = scored[0][1] if expert else rng.choice(scored[:breadth])[1]
         truth = entity in _yes(kb)[q]
         facts.append((q, truth))
         left = left & _yes(kb)[q] if truth else left - _yes(kb)[q]
     return facts
 
 
-def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random, breadth: int = 3, form: str = "statements") -> list[dict]:
+def riddle(kb: KnowledgeBase, entity: Entity, rng: random.Random, breadth: int = 3, form: str = "statements", expert: bool = False) -> list[dict]:
     """One riddle as two chat messages: the statements as short labels, then the object they lead
     to, in the words a player's reason ends with before its guess (policies.only_fits). The
     statements are given, not written by the model: only the name is learnt, so the random order
     and choice of statements add no noise to the loss."""
-    facts = identifying_facts(kb, entity, rng, breadth)
+    facts = identifying_facts(kb, entity, rng, breadth, expert)
     labels = ", ".join(q.label if truth else q.no_label for q, truth in facts)
+    if form == "known":  # the list as a game's observation gives it, then the guess it leads to
+        return [{"role": "user", "content": f"Known: {labels}."},
+                {"role": "assistant", "content": render_action(f"Only {entity.name} fits.", f"Is it {entity.name}?")}]
     if form == "guess":
         return [{"role": "user", "content": RIDDLE_ASK},
                 {"role": "assistant", "content": render_action(f"{labels}: only {entity.name} fits.", f"Is it {entity.name}?")}]
     return [{"role": "user", "content": f"{labels}:"}, {"role": "assistant", "content": f"only {entity.name} fits."}]
 
 
-def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int, breadth: int = 3, per_sheet: int = 8, form: str = "statements") -> list[list[dict]]:
+def fact_sheets(kb: KnowledgeBase, per_object: int, seed: int, breadth: int = 3, per_sheet: int = 8, form: str = "statements", order: str = "telling") -> list[list[dict]]:
     """`per_object` riddles about every object of every split, in a random order, `per_sheet`
-    to a sheet; reproducible from `seed`."""
+    to a sheet; reproducible from `seed`. `order`: telling (identifying_facts at `breadth`),
+    expert (the expert's path) or mixed (every other riddle of an object the expert's path)."""
     rng = random.Random(seed)
-    objects = [e for e in kb.entities for _ in range(per_object)]
+    objects = [(e, i) for e in kb.entities for i in range(per_object)]
     rng.shuffle(objects)
-    riddles = [riddle(kb, e, rng, breadth, form) for e in objects]
+    expert = {"telling": lambda i: False, "expert": lambda i: True, "mixed": lambda i: i % 2 == 0}[order]
+    riddles = [riddle(kb, e, rng, breadth, form, expert(i)) for e, i in objects]
     return [
         [{"role": "system", "content": FACTS_SYSTEM}, *(m for r in riddles[i : i + per_sheet] for m in r)]
         for i in range(0, len(riddles), per_sheet)

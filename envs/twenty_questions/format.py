@@ -16,11 +16,12 @@ def system_prompt(max_turns: int = MAX_TURNS, candidates: list[str] | None = Non
     return PROMPTS.render("agent_system.j2", max_turns=max_turns, candidates=candidates)
 
 
-def observation_message(answer: str | None, turn: int, max_turns: int) -> str:
-    """The user message before action number `turn` (0-based); `answer` is None before the first."""
-    return PROMPTS.render("observation.j2", answer=answer, turn=turn, max_turns=max_turns, finished=False)
+def observation_message(answer: str | None, turn: int, max_turns: int, known: str = "") -> str:
+    """The user message before action number `turn` (0-based); `answer` is None before the first.
+    `known`: what all the answers so far established (observation: known), else empty."""
+    return PROMPTS.render("observation.j2", answer=answer, turn=turn, max_turns=max_turns, finished=False, known=known)
 
 
 def final_message(answer: str, success: bool) -> str:
     """The user message after the last action of an episode."""
-    return PROMPTS.render("observation.j2", answer=answer, finished=True, success=success)
+    return PROMPTS.render("observation.j2", answer=answer, finished=True, success=success, known="")

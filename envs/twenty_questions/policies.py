@@ -87,8 +87,11 @@ def known(kb: KnowledgeBase, history: list[tuple[str, str]]) -> str:
     )
 
 
-def only_fits(kb: KnowledgeBase, history: list[tuple[str, str]], name: str) -> str:
-    facts = known(kb, history)
+def only_fits(kb: KnowledgeBase, history: list[tuple[str, str]], name: str, listed: bool = True) -> str:
+    """A guess's reason. `listed=False` when the observations already say what the answers
+    established (observation: known): the reason then only names the object, so the name follows
+    the list the environment wrote, not a list the model rewrites from memory."""
+    facts = known(kb, history) if listed else ""
     return f"{facts}: only {name} fits." if facts else f"Only {name} fits."
 
 
@@ -115,14 +118,14 @@ class ExpertPolicy:
 
     name = "expert"
 
-    def __init__(self, kb: KnowledgeBase | None = None, random_ties: bool = False):
+    def __init__(self, kb: KnowledgeBase | None = None, random_ties: bool = False, listed: bool = True):
         self.kb = kb or load_kb()
-        self.random_ties = random_ties
+        self.random_ties, self.listed = random_ties, listed
 
     def act(self, view: PlayerView, rng: random.Random) -> Action:
         left = consistent(self.kb, view)
         if len(left) == 1:
-            return _guess(left[0].name, only_fits(self.kb, view.history, left[0].name))
+            return _guess(left[0].name, only_fits(self.kb, view.history, left[0].name, self.listed))
         best = self.best_questions(left, view.history)
         if view.is_final_turn or not best:
             name = rng.choice(left).name
@@ -144,12 +147,12 @@ class NoisyPolicy:
 
     name = "noisy"
 
-    def __init__(self, p_random: float, p_repeat: float, p_early_guess: float, kb: KnowledgeBase | None = None):
+    def __init__(self, p_random: float, p_repeat: float, p_early_guess: float, kb: KnowledgeBase | None = None, listed: bool = True):
         probs = (p_random, p_repeat, p_early_guess)
         if any(not 0 <= p <= 1 for p in probs) or sum(probs) > 1:
             raise ValueError(f"noise probabilities must lie in [0, 1] and sum to at most 1, got {probs}")
         self.p_random, self.p_repeat, self.p_early_guess = probs
-        self.expert = ExpertPolicy(kb)
+        self.expert = ExpertPolicy(kb, listed=listed)
         self.kb = self.expert.kb
 
     def act(self, view: PlayerView, rng: random.Random) -> Action:

@@ -79,8 +79,8 @@ def _splitting(kb: KnowledgeBase, left: list[Entity], history: list[tuple[str, s
 
 
 class OracleProposer:
-    def __init__(self, kb: KnowledgeBase):
-        self.kb = kb
+    def __init__(self, kb: KnowledgeBase, listed: bool = True):
+        self.kb, self.listed = kb, listed  # listed: a guess's reason lists the answers (policies.only_fits)
 
     def remaining(self, secret: Entity, view: PlayerView, question: str) -> int:
         """How many objects would still fit after asking `question` of this secret (hindsight)."""
@@ -101,7 +101,7 @@ class OracleProposer:
         if pick is not None:
             # The guess is the rule's pick, never read from the secret; hindsight only comments.
             if len(left) == 1:
-                why, situation = only_fits(self.kb, view.history, pick.name), f"only {pick.name} fits the answers"
+                why, situation = only_fits(self.kb, view.history, pick.name, self.listed), f"only {pick.name} fits the answers"
             else:
                 why = f"Last turn, guess {pick.name}." if view.is_final_turn else f"Guess {pick.name}."
                 situation = f"{len(left)} objects fit the answers and the player guesses the first of them in the candidate list, {pick.name}"
