@@ -46,7 +46,7 @@ def collect_on_dask(params: Params, model_dir: str, out_dir: Path) -> dict:
     workers: list[str] = []
 
     def fan_out(fn, calls: list[tuple]) -> list[ShardResult]:
-        # A remote cluster runs one worker per node (README); a LocalCluster shares this machine.
+        # A remote cluster runs one worker per node (docs/performance.md); a LocalCluster shares this machine.
         local = 1 if params.collect.scale.address else (params.collect.scale.workers or params.collect.scale.shards)
         futures = [collect_shard_task.submit(*args, local) for args in calls]
         results = [f.result() for f in futures]

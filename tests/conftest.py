@@ -272,7 +272,7 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
 
 
 # What the reliability tests did, totalled over the session and printed at its end: the figures
-# the README's "When things fail" quotes. Each test adds what it measured.
+# docs/reliability.md ("When things fail") quotes. Each test adds what it measured.
 FAULTS: dict[str, int] = {}
 
 

@@ -97,7 +97,7 @@ def test_vllm_a_failing_request_fails_alone(vllm_gen):
 @pytest.fixture(scope="module")
 def vllm_server(model_dir, tmp_path_factory):
     """vLLM's OpenAI-compatible server on the tiny model, on loopback, started with the command
-    README.md gives (tests/vllm_server.py reads it from there)."""
+    docs/roles.md gives (tests/vllm_server.py reads it from there)."""
     from vllm_server import serving
 
     with serving(model_dir, tmp_path_factory.mktemp("vllm-serve") / "serve.log") as server:

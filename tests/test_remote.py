@@ -140,7 +140,7 @@ def test_s3_remote_round_trip(repo: Path, s3_endpoint: str):
     original = (repo / "data" / "table.parquet").read_bytes()
     md5 = _md5(repo)
 
-    # As in the README: the remote and its endpoint go into .dvc/config, the credentials do not.
+    # As in docs/versioning.md: the remote and its endpoint go into .dvc/config, the credentials do not.
     _dvc(["remote", "add", "s3", f"s3://{BUCKET}/{PREFIX}"], repo, env)
     _dvc(["remote", "modify", "s3", "endpointurl", s3_endpoint], repo, env)
     for name in ("config", "config.local"):

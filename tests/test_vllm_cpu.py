@@ -4,7 +4,7 @@ Long seeded prompts, many at a time (the summarize stage's workload: about 600 t
 of them than one engine step takes) make vLLM split a prompt's prefill over steps (chunked
 prefill); it then rewinds the request's seeded generator, which a CPU generator cannot do, and
 the engine dies ("CPU Generator does not use offset"). Run here on the in-process engine
-(models/vllm.py) and on vLLM's server started as README.md says; both must answer every request,
+(models/vllm.py) and on vLLM's server started as docs/roles.md says; both must answer every request,
 each with the text it gets alone.
 
 The `openai` backend refuses an endpoint nobody answers at before anything is sent, and stops a
@@ -105,7 +105,7 @@ def test_in_process_engine_answers_long_seeded_prompts_as_it_does_one_at_a_time(
     assert out["chunked_prefill"] is False
 
 
-# --- vLLM's server, as the README starts it ----------------------------------------------------
+# --- vLLM's server, as docs/roles.md starts it ------------------------------------------------
 
 
 @pytest.mark.system

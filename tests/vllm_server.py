@@ -1,8 +1,8 @@
-"""vLLM's OpenAI-compatible server, started the way README.md tells a user to start it.
+"""vLLM's OpenAI-compatible server, started the way the docs tell a user to start it.
 
-The command is read out of README.md (the indented block that runs
-`python -m vllm.entrypoints.openai.api_server`), so the tests and the README cannot drift: an
-option the README needs on CPU is one the tests run with. Only the model directory and the port
+The command is read out of README.md and docs/*.md (the one indented block, in docs/roles.md,
+that runs `python -m vllm.entrypoints.openai.api_server`), so the tests and the docs cannot drift:
+an option the docs need on CPU is one the tests run with. Only the model directory and the port
 are replaced, and `TEST_OPTIONS` appended (float32 weights, to compare with the in-process engine;
 no compilation, for a fast start). Its own process group, so its engine and worker processes go
 down with it.
@@ -27,13 +27,17 @@ ENTRY = "python -m vllm.entrypoints.openai.api_server"
 TEST_OPTIONS = ["--dtype", "float32", "--enforce-eager"]
 
 
-def readme_command() -> list[str]:
-    """The README's server command, as argv (continuation lines joined)."""
-    lines = (ROOT / "README.md").read_text().splitlines()
-    starts = [i for i, line in enumerate(lines) if line.startswith("    ") and line.strip().startswith(ENTRY)]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def docs_command() -> list[str]:
+    """The docs' server command, as argv (continuation lines joined): the one indented block
+    that starts it, over README.md and every page of docs/."""
+    starts = [(lines, i) for lines in (p.read_text().splitlines() for p in DOCS)
+              for i, line in enumerate(lines) if line.startswith("    ") and line.strip().startswith(ENTRY)]
     if len(starts) != 1:
-        raise AssertionError(f"README.md: expected one indented `{ENTRY} ...` block, found {len(starts)}")
-    i, text = starts[0], ""
+        raise AssertionError(f"README.md and docs/*.md: expected one indented `{ENTRY} ...` block, found {len(starts)}")
+    (lines, i), text = starts[0], ""
     while True:
         line = lines[i].strip()
         text += " " + line.removesuffix("\\")
@@ -45,15 +49,15 @@ def readme_command() -> list[str]:
 def _option(argv: list[str], name: str) -> int:
     """The index of an option's value."""
     if argv.count(name) != 1:
-        raise AssertionError(f"README.md's server command must give {name} once: {shlex.join(argv)}")
+        raise AssertionError(f"the docs' server command must give {name} once: {shlex.join(argv)}")
     return argv.index(name) + 1
 
 
 def server_command(model_dir: Path, port: int) -> list[str]:
-    argv = readme_command()
+    argv = docs_command()
     overlap = [o for o in TEST_OPTIONS if o.startswith("--") and o in argv]
     if overlap:
-        raise AssertionError(f"README.md's server command already sets {overlap}: drop them from TEST_OPTIONS")
+        raise AssertionError(f"the docs' server command already sets {overlap}: drop them from TEST_OPTIONS")
     argv[_option(argv, "--model")] = str(model_dir)
     argv[_option(argv, "--port")] = str(port)
     assert argv[0] == "python"
@@ -81,7 +85,7 @@ class Server:
 
 @contextmanager
 def serving(model_dir: Path, log_path: Path, start_timeout: float = 300) -> Iterator[Server]:
-    """The README's server on `model_dir`, on a free loopback port, healthy; stopped on exit.
+    """The docs' server on `model_dir`, on a free loopback port, healthy; stopped on exit.
     Started with this interpreter's environment minus VLLM_ENABLE_V1_MULTIPROCESSING (the
     server runs vLLM's default: an engine process beside the API process)."""
     port = free_port()

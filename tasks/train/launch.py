@@ -10,7 +10,7 @@ optimizer state across the ranks and gives each rank its share of every global b
 alone writes models, loss curves and metrics. Without CUDA, DeepSpeed runs on its CPU
 accelerator over gloo, which is how the tests run it.
 
-Across nodes, start the module yourself on every node (the README has the command):
+Across nodes, start the module yourself on every node (docs/performance.md has the command):
 
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
         -m tasks.train.launch --params params.yaml --training data/standardize/train.parquet --out data/train
