@@ -79,7 +79,7 @@ def states(pairs: list[dict], trajectories: dict[str, dict], summaries: dict[str
 def val_success(params: Params, model_dir: Path, label: str) -> float:
     """The policy at `model_dir` on the val games, one episode each at evaluate's sampling."""
     env = params.env.environment()
-    episodes = [new_episode(env, task, derive_seed(params.seed, "actor-select", task.id)) for task in env.tasks("val")]
+    episodes = [new_episode(env, task, derive_seed(params.seed, "actor-select", task.id)) for task in env.tasks("val")[: params.limit_tasks]]
     generator = policy_generator(params, model_dir, params.evaluate.batch_size)
     play(episodes, LMAgent(generator, SamplingParams(**params.evaluate.sampling.model_dump())), derive_seed(params.seed, "actor-select"), label, make_simulator(params))
     return round(sum(e.game.success for e in episodes) / len(episodes), 4)

@@ -74,7 +74,7 @@ def select_checkpoint(params: Params, snapshots: list[Path], held: list[dict], m
     figures = []
     for path in snapshots:
         model, tokenizer = algorithm.load_critic(str(path))
-        episodes = [new_episode(env, task, derive_seed(params.seed, "critic-select", task.id)) for task in env.tasks("val")]
+        episodes = [new_episode(env, task, derive_seed(params.seed, "critic-select", task.id)) for task in env.tasks("val")[: params.limit_tasks]]
         score = lambda pairs, m=model, t=tokenizer: algorithm.score_pairs(m, t, pairs)  # noqa: E731
         play(episodes, BestOfNAgent(generator, sampling, c.select_n, score), derive_seed(params.seed, "critic-select"), f"critic {path.name}: best-of-{c.select_n} on val", simulator)
         predicted = algorithm.score(model, tokenizer, [e["input_ids"] for e in held])

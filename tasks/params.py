@@ -397,6 +397,10 @@ class EvaluateParams(Strict):
 
 class Params(Strict):
     seed: int
+    # The first N tasks of every split in every stage that plays tasks (bootstrap, collect,
+    # evaluate, the val games of the critic's and actor's checkpoint choice): a quick look. A
+    # stage's own limit_tasks, where it has one, wins.
+    limit_tasks: int | None = Field(None, ge=1)
     env: EnvParams
     roles: Roles
     cache: CacheParams = CacheParams()
@@ -413,6 +417,16 @@ class Params(Strict):
     train: TrainStageParams
     evaluate: EvaluateParams
 
+
+    @model_validator(mode="before")
+    @classmethod
+    def _limit_every_stage(cls, data):
+        if isinstance(data, dict) and data.get("limit_tasks") is not None:
+            data = dict(data)
+            for stage in ("bootstrap", "collect", "evaluate"):
+                if isinstance(data.get(stage), dict) and data[stage].get("limit_tasks") is None:
+                    data[stage] = {**data[stage], "limit_tasks": data["limit_tasks"]}
+        return data
 
     @model_validator(mode="after")
     def _best_of_n_plays_known_policies(self) -> Params:

@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.params import ParamsError, check_key, load_params
+from tasks.params import Params, ParamsError, check_key, load_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -129,3 +129,13 @@ def test_switching_environment_drops_the_old_ones_env_keys(tmp_path):
     assert yaml.safe_load(path.read_text())["env"] == {"name": "twenty_questions", "show_candidates": True}
     apply_overrides(["env.name=car_dealer", "env.max_turns=6"], path)
     assert yaml.safe_load(path.read_text())["env"] == {"name": "car_dealer", "max_turns": 6}
+
+
+def test_top_level_limit_tasks_shrinks_every_stage_and_a_stages_own_wins():
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    p = Params.model_validate({**raw, "limit_tasks": 4, "collect": {**raw["collect"], "limit_tasks": 2}})
+    assert (p.limit_tasks, p.bootstrap.limit_tasks, p.collect.limit_tasks, p.evaluate.limit_tasks) == (4, 4, 2, 4)
+    plain = Params.model_validate(raw)
+    assert (plain.limit_tasks, plain.bootstrap.limit_tasks, plain.evaluate.limit_tasks) == (None, None, None)
+    with pytest.raises(ValueError, match="limit_tasks"):
+        Params.model_validate({**raw, "limit_tasks": 0})
