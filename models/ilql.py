@@ -11,7 +11,7 @@ does not change the sampled distribution; it is kept so the logits are the formu
 The model type is registered with transformers' Auto classes when this module is imported (models.hf
 imports it), so AutoModelForCausalLM loads a saved ILQL directory with its heads and every caller
 that reads `.logits` (the hf backend's sampler, evaluate) plays the extracted policy. `beta` is in
-the config: beta = 0 plays pi_beta alone. vLLM does not know this architecture.
+the config: beta = 0 plays pi_beta alone. The vllm backend refuses it (it would play the LM head alone).
 """
 from __future__ import annotations
 

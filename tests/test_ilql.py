@@ -218,3 +218,42 @@ def test_train_stage_trains_ilql_and_saves_it_with_its_heads(tiny_model_dir, tmp
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert not torch.equal(model.model.embed_tokens.weight, base.model.embed_tokens.weight)  # the trunk trained
     assert not torch.equal(online, target) and torch.isfinite(target).all()  # the targets lag the trained Q heads
+
+
+def test_the_vllm_backend_refuses_an_ilql_model(ilql_model, tmp_path):
+    pytest.importorskip("vllm")
+    from models.vllm import VLLMGenerator
+
+    ilql_model.config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="plays on the hf backend"):
+        VLLMGenerator(tmp_path)
+
+
+def test_the_trainer_reads_the_heads_at_agent_states_only(ilql_model, tiny_model_dir, tmp_path):
+    from transformers import TrainingArguments
+
+    from tasks.params import IlqlParams
+    from tasks.train.ilql import IlqlCollator, IlqlTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    short = CONV[:3] + [{"role": "user", "content": "Answer: no. Game over."}]
+    examples = [{**ex, "reward": r, "truncated": False} for ex, r in zip(tokenize_chats(tok, [CONV, short], 1024).examples, [1.0, -1.0])]
+    batch = IlqlCollator(tok.pad_token_id)(examples)
+    captured = {}
+
+    def keep(_, __, out):
+        out.last_hidden_state.retain_grad()
+        captured["hidden"] = out.last_hidden_state
+
+    handle = ilql_model.model.register_forward_hook(keep)
+    try:
+        args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none", remove_unused_columns=False)
+        trainer = IlqlTrainer(model=ilql_model, args=args, ilql=IlqlParams(cql_weight=1.0))
+        trainer.compute_loss(ilql_model, dict(batch)).backward()
+    finally:
+        handle.remove()
+        ilql_model.zero_grad()
+    grad = captured["hidden"].grad.abs().sum(-1)
+    states = torch.zeros_like(grad, dtype=torch.bool)
+    states[:, :-1] = batch["labels"][:, 1:] != IGNORE  # the state before each agent token
+    assert (grad[~states] == 0).all() and (grad[states] > 0).all()  # system, user and padding positions are never read

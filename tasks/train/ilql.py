@@ -183,6 +183,8 @@ def train(model, tokenizer, table, cfg, seed: int) -> dict:
     ilql = IlqlForCausalLM.from_policy(model, p.beta)
     curve = train_sft(
         ilql, tokenizer, examples, seed=seed, trainer_cls=IlqlTrainer, collator=IlqlCollator(tokenizer.pad_token_id),
-        callbacks=(PolyakUpdate(p.polyak),), ilql=p, **{**cfg.trainer_kwargs(), "padding_free": False},
+        # never packed (transitions would run across sequences), never under DeepSpeed (ZeRO-3's empty
+        # placeholder parameters would make the Polyak update a silent no-op)
+        callbacks=(PolyakUpdate(p.polyak),), ilql=p, **{**cfg.trainer_kwargs(), "padding_free": False, "deepspeed": None},
     )
     return {"rows": len(examples), "rows_skipped": table.height - len(examples), "truncated": truncated, "curve": curve, "model": ilql}
