@@ -257,3 +257,33 @@ def test_the_trainer_reads_the_heads_at_agent_states_only(ilql_model, tiny_model
     states = torch.zeros_like(grad, dtype=torch.bool)
     states[:, :-1] = batch["labels"][:, 1:] != IGNORE  # the state before each agent token
     assert (grad[~states] == 0).all() and (grad[states] > 0).all()  # system, user and padding positions are never read
+
+
+def test_a_resumed_run_ends_where_the_uninterrupted_one_did(tiny_model_dir, tmp_path, monkeypatch):
+    """The target heads are in the checkpoint: resuming from step 7 of 8 repeats the last step to the bit."""
+    import shutil
+
+    from tasks.train import ilql
+
+    short = CONV[:3] + [{"role": "user", "content": "Answer: no. Game over."}]
+    table = pl.DataFrame({"messages": [CONV, short, CONV, short], "reward": [1.0, -1.0, 0.5, 0.0]})
+    raw = tiny_params({"train": {"base_model": str(tiny_model_dir), "batch_size": 1, "epochs": 2}})
+    raw["train"]["methods"] = {"ilql": {"algorithm": "ilql"}}
+    tp = Params.model_validate(raw).train
+    cfg = tp.config_for(tp.methods["ilql"]).model_copy(update={"checkpoint_dir": tmp_path / "ckpt", "checkpoint_steps": 1})
+
+    def run():
+        torch.manual_seed(0)
+        return ilql.train(AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir), table, cfg, seed=0)["model"]
+
+    steps = []
+    loss = ilql.IlqlTrainer.compute_loss
+    monkeypatch.setattr(ilql.IlqlTrainer, "compute_loss", lambda self, *a, **k: steps.append(1) or loss(self, *a, **k))
+    whole = run()
+    assert len(steps) == 8 and (tmp_path / "ckpt/checkpoint-7/complete").exists()
+    shutil.rmtree(tmp_path / "ckpt/checkpoint-8")
+    resumed = run()
+    assert len(steps) == 9  # the resumed run trained step 8 alone
+    for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert not torch.equal(whole.q_heads[0][0].weight, whole.target_q_heads[0][0].weight)
