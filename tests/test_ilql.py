@@ -287,3 +287,34 @@ def test_a_resumed_run_ends_where_the_uninterrupted_one_did(tiny_model_dir, tmp_
     for (name, a), b in zip(whole.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
     assert not torch.equal(whole.q_heads[0][0].weight, whole.target_q_heads[0][0].weight)
+
+
+def test_the_extracted_policy_prefers_the_rewarded_reply_that_cloning_does_not(tiny_model_dir):
+    """Two replies logged equally often, one rewarded 1 and one 0: pi_beta stays near 50/50, the
+    extracted policy (beta 4) puts the rewarded one far ahead. About 240 steps of the tiny model."""
+    from tasks.train import ilql
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    def chat(reply: str) -> list[dict]:
+        return [CONV[0], {"role": "user", "content": "Turn 1 of 20."}, {"role": "assistant", "content": reply}]
+
+    good, bad = "Is it an animal?", "Is it Dog?"
+    table = pl.DataFrame({"messages": [chat(good), chat(bad)] * 16, "reward": [1.0, 0.0] * 16})
+    raw = tiny_params({"train": {"base_model": str(tiny_model_dir), "batch_size": 8, "epochs": 60, "learning_rate": 3e-3, "warmup_ratio": 0.0}})
+    raw["train"]["methods"] = {"ilql": {"algorithm": "ilql", "ilql": {"polyak": 0.1, "beta": 4.0}}}  # fast targets: a short run
+    tp = Params.model_validate(raw).train
+    torch.manual_seed(0)
+    model = ilql.train(AutoModelForCausalLM.from_pretrained(tiny_model_dir), tok, table, tp.config_for(tp.methods["ilql"]), seed=0)["model"].eval()
+
+    def logp(reply: str) -> float:
+        prompt = tok.apply_chat_template(chat(reply)[:2], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        ids = tok.apply_chat_template(chat(reply), tokenize=True, return_dict=True)["input_ids"]
+        with torch.no_grad():
+            lp = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+        return sum(lp[i - 1, ids[i]].item() for i in range(len(prompt), len(ids)))
+
+    model.config.beta = 0.0
+    assert abs(logp(good) - logp(bad)) < 0.3  # pi_beta: both about log 1/2
+    model.config.beta = 4.0
+    assert logp(good) - logp(bad) > 2.0
