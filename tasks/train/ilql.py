@@ -112,7 +112,9 @@ def ilql_loss(heads: dict, t: Transitions, tau: float, cql_weight: float = 0.0, 
     m = t.q_mask.float()
     q_loss = (((bellman_targets(t, v) - q) ** 2) * m).sum() / m.sum().clamp_min(1)  # each head's mean, summed
     v_loss = expectile_loss(_taken(heads["target_q"], t.actions).min(0).values - v, tau).mean()
-    cql = F.cross_entropy(heads["q"].flatten(0, 1).float(), t.actions.repeat(heads["q"].shape[0]), reduction="sum") / n
+    cql = torch.zeros(()) if not cql_weight else (  # off by default: a softmax over the vocabulary per head and token saved
+        F.cross_entropy(heads["q"].flatten(0, 1).float(), t.actions.repeat(heads["q"].shape[0]), reduction="sum") / n
+    )
     bc = F.cross_entropy(heads["logits"].float(), t.actions)
     loss = q_loss + v_loss + cql_weight * cql + bc_weight * bc
     parts = {"q_loss": q_loss.item(), "v_loss": v_loss.item(), "cql_loss": cql.item(), "bc_loss": bc.item(), "q": q.mean().item(), "v": v.mean().item()}
