@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StaticCache
 
+import models.ilql  # noqa: F401  registers ILQL's model type, so AutoModelForCausalLM plays its extracted policy
 from models.base import Completion, Message, SamplingParams
 
 

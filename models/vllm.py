@@ -23,6 +23,7 @@ and in any batch (tests/test_vllm_cpu.py).
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from vllm.platforms import current_platform
 
 from models.base import Completion, Message, SamplingParams
 from models.hf import model_fingerprint, resolve_dtype
+from models.ilql import IlqlConfig
 
 
 class VLLMGenerator:
@@ -61,6 +63,9 @@ class VLLMGenerator:
         self.path = Path(path)
         if not (self.path / "config.json").exists():
             raise FileNotFoundError(f"{self.path}: not a Hugging Face model directory (no config.json)")
+        if json.loads((self.path / "config.json").read_text()).get("model_type") == IlqlConfig.model_type:
+            # vLLM would not know the architecture, or worse, play the bare LM head without the Q and V heads
+            raise ValueError(f"{self.path}: an ILQL model; its extracted policy plays on the hf backend, not on vllm")
         self.model_id = f"{self.path.name}@{model_fingerprint(self.path)}"
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         self.llm = vllm.LLM(

@@ -319,18 +319,34 @@ class ProposerParams(Strict):
     max_loss_ratio: float | None = Field(10.0, gt=1)  # as train.max_loss_ratio
 
 
+class IlqlParams(Strict):
+    """ILQL's settings (tasks/train/ilql.py); the values are Hindsight Regenerations' Table 3 where it gives them."""
+
+    tau: float = Field(0.8, gt=0, lt=1)  # the expectile V regresses to (Table 3 "ILQL tau")
+    cql_weight: float = Field(0.0, ge=0)  # the CQL term's weight (Table 3 "ILQL alpha" = 0: off)
+    gamma: float = Field(0.99, gt=0, le=1)  # discount (Table 3)
+    discount_per: Literal["token", "turn"] = "token"  # token: the paper's token-level MDP; turn: gamma once per agent turn
+    polyak: float = Field(0.005, gt=0, le=1)  # target Q heads <- polyak * Q heads + (1 - polyak) * targets, every step (Table 3)
+    beta: float = Field(1.0, ge=0)  # extraction temperature: logits + beta * (Q - V); not given by the paper
+    bc_weight: float = Field(1.0, ge=0)  # the LM head's cross-entropy on agent tokens: pi_beta, fine-tuned on the same data
+    reward_column: Literal["reward", "weight", "standardized_reward"] = "reward"  # the terminal reward (HR: the labelled reward)
+
+
 class MethodParams(Strict):
-    algorithm: Literal["sft", "refit", "swift", "filtered_bc"]
+    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "ilql"]
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
     # HOPE's alpha: the regenerations' share of this method's rows (tasks/train: training_rows); null: every row
     alpha: float | None = Field(None, ge=0, lt=1)
     top_fraction: float = Field(0.25, gt=0, le=1)  # filtered_bc only
+    ilql: IlqlParams | None = None  # ilql only; null: IlqlParams' defaults
     learning_rate: float | None = Field(None, gt=0)  # this method's own; null: train.learning_rate
 
     @model_validator(mode="after")
     def _alpha_needs_hindsight(self) -> MethodParams:
         if self.alpha is not None and self.data == "logged":
             raise ValueError("alpha is the share of hindsight rows, and data: logged has none; use data: all with alpha")
+        if self.ilql is not None and self.algorithm != "ilql":
+            raise ValueError(f"ilql settings apply to algorithm ilql only, not {self.algorithm}")
         return self
 
 
@@ -342,6 +358,7 @@ class MethodConfig(Strict):
     push_down_floor: float | None
     deepspeed: str | None
     top_fraction: float
+    ilql: IlqlParams = IlqlParams()
     max_loss_ratio: float | None
     checkpoint_steps: int
     checkpoint_dir: Path | None = None  # where this method's run checkpoints; set by run_train
@@ -370,7 +387,7 @@ class TrainStageParams(TrainParams):
             shared = shared.model_copy(update={"learning_rate": method.learning_rate})
         return MethodConfig(
             train=shared, norm=self.norm, push_down_floor=self.push_down_floor, deepspeed=self.deepspeed, top_fraction=method.top_fraction,
-            max_loss_ratio=self.max_loss_ratio, checkpoint_steps=self.checkpoint_steps,
+            ilql=method.ilql or IlqlParams(), max_loss_ratio=self.max_loss_ratio, checkpoint_steps=self.checkpoint_steps,
         )
 
 

@@ -72,7 +72,8 @@ def test_bad_roles_are_named(tmp_path, role, entry, message):
 @pytest.mark.parametrize(
     "key",
     ["relabel.k", "roles.summarizer.base_url", "roles.labeler.mode", "train.methods.my_own.algorithm", "train.methods",
-     "bootstrap.behaviour_mix.expert", "collect.scale.shards", "relabel.window"],
+     "bootstrap.behaviour_mix.expert", "collect.scale.shards", "relabel.window",
+     "train.methods.my_own.ilql.tau"],
 )
 def test_a_valid_key_passes(key):
     check_key(key)

@@ -35,9 +35,9 @@ from tasks.train.sft import TrainingDiverged, latest_checkpoint
 
 
 def algorithms() -> dict:
-    from tasks.train import filtered_bc, refit, sft, swift
+    from tasks.train import filtered_bc, ilql, refit, sft, swift
 
-    return {"sft": sft.train, "refit": refit.train, "swift": swift.train, "filtered_bc": filtered_bc.train}
+    return {"sft": sft.train, "refit": refit.train, "swift": swift.train, "filtered_bc": filtered_bc.train, "ilql": ilql.train}
 
 
 def _file_digest(paths: list[Path], root: Path) -> str:
@@ -191,6 +191,7 @@ def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None
             e.method = name
             raise
         curve = result.pop("curve")
+        model = result.pop("model", model)  # a method that trains another model than the base (ilql: the base with heads)
         if result["rows"] == 0 and main:
             # Saved untrained, so evaluate still compares it; the metrics say why.
             print(f"train {name}: no trajectory carries a training signal; the base model is kept", flush=True)
