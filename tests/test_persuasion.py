@@ -2,7 +2,6 @@
 oracle donor per persona on hand-made dialogues, the game's shape, the labelers (oracle and
 HR's two-step LLM labeler), the LLM roles' parsers, the scripted persuaders and a chain of stages."""
 import dataclasses
-import json
 import statistics
 from collections import Counter
 
@@ -400,4 +399,4 @@ def test_scripted_dialogues_go_through_the_hindsight_stages(tmp_path, tiny_model
     run_standardize(p, [tmp_path / "trajectories.parquet", tmp_path / "regen/trajectories.parquet"], tmp_path / "label/labels.parquet", tmp_path / "std")
     kept, quarantine = read_checked(tmp_path / "std/export/train.parquet", "export")
     assert quarantine.num_rows == 0 and kept.num_rows == n + len(regens)
-    assert json.loads(json.dumps(kept.to_pylist()[0]["messages"]))[0]["role"] == "system"
+    assert "Save the Children" in str(kept.to_pylist()[0]["messages"])
