@@ -10,7 +10,7 @@ import pytest
 from envs import registry
 from envs.persuasion import llm_roles
 from envs.persuasion.donor import DonorReply, read_observation
-from envs.persuasion.donors import PERSONAS, SIZES, load_donors, make_donor
+from envs.persuasion.donors import SIZES, load_donors, make_donor
 from envs.persuasion.game import Conversation
 from envs.persuasion.roles import decision_in_words
 from envs.persuasion.strategies import asked_amount, recognise

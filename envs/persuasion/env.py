@@ -20,8 +20,7 @@ from .donor import DonorReply
 from .donors import SPLITS, Donor, load_donors
 from .format import ActionParseError, final_message, invalid_observation, observation_message, parse_action, render_action, system_prompt
 from .game import MAX_TURNS, Conversation
-from .policies import LINES, Expert, Noisy, Pushy, Random
-from .policies import PersuaderView
+from .policies import LINES, Expert, Noisy, PersuaderView, Pushy, Random
 
 
 class PersuasionOptions(Options):

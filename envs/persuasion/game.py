@@ -37,10 +37,6 @@ class Conversation:
     def done(self) -> bool:
         return self.donation is not None
 
-    def oracle_reply(self, message: str) -> DonorReply:
-        """What the oracle donor says to `message` now, without playing it."""
-        return respond(self.donor, self.state.copy(), message, self._rng(message))[0]
-
     def _rng(self, message: str | None):
         return seeded("donor", self.donor.seed, self.turn, message)
 
