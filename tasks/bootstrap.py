@@ -28,9 +28,17 @@ from tasks.train.sft import tokenize_chats, train_sft
 
 
 def behaviour(params: Params) -> Mixture:
-    """The per-episode mixture of the environment's scripted policies (bootstrap.behaviour_mix)."""
+    """The per-episode mixture of the environment's scripted policies (bootstrap.behaviour_mix),
+    which may name any policy the environment offers (persuasion's pushy too); a name it does
+    not offer is an error naming it and the ones it does."""
     env = params.env.environment()
-    return Mixture(dict(params.bootstrap.behaviour_mix), env.policies(params.bootstrap.noisy.model_dump()))
+    policies = env.policies(params.bootstrap.noisy.model_dump())
+    if unknown := sorted(set(params.bootstrap.behaviour_mix) - set(policies)):
+        raise ValueError(
+            f"bootstrap.behaviour_mix: {', '.join(map(repr, unknown))} is not a scripted policy of environment {env.name} "
+            f"(it offers {', '.join(sorted(policies))})"
+        )
+    return Mixture(dict(params.bootstrap.behaviour_mix), policies)
 
 
 def demonstrations(params: Params) -> list:

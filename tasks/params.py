@@ -96,13 +96,25 @@ class PolicyRole(RoleParams):
 
 class ForwardRole(RoleParams):
     # policy: the current policy plays on from the spliced action against the simulator (HOPE);
-    # an LLM backend writes the rest of the dialogue itself, both sides (HR's forward model).
-    backend: Literal["policy", "oracle", "hf", "vllm", "openai"]  # type: ignore[assignment]
+    # an LLM backend writes the rest of the dialogue itself, both sides (HR's forward model);
+    # learned: the forward stage's fine-tuned models (HR's), served in process as hf models:
+    # `model` for most regenerations, `hard_model` (the bottom quarter by reward) for a
+    # `hard_share` of them, chosen by a seeded hash of the relabel.
+    backend: Literal["policy", "oracle", "hf", "vllm", "openai", "learned"]  # type: ignore[assignment]
+    hard_model: str | None = None  # learned: the model trained on the hard (lowest-reward) dialogues
+    hard_share: float = Field(0.0, ge=0, le=1)  # learned: the share of regenerations the hard model writes (HR: "occasionally")
 
     @model_validator(mode="after")
     def _policy_is_builtin(self) -> ForwardRole:
         if self.backend == "oracle":
             raise ValueError("the forward role has no oracle; use backend: policy")
+        if self.backend == "learned":
+            if not self.model:
+                raise ValueError("backend learned needs a model (the forward stage's: data/forward/model)")
+            if self.hard_share > 0 and not self.hard_model:
+                raise ValueError(f"hard_share {self.hard_share:g} needs a hard_model (the forward stage's: data/forward/hard_model)")
+        elif self.hard_model is not None or self.hard_share:
+            raise ValueError(f"hard_model and hard_share apply to backend learned only, not {self.backend}")
         return self
 
 
@@ -175,7 +187,9 @@ class BootstrapParams(Strict):
     demo_splits: list[Split] = Field(min_length=1)
     demos_per_task: int = Field(ge=1)
     facts_per_object: int = Field(0, ge=0)  # the environment's fact sheets: riddles per task of every split
-    behaviour_mix: dict[Literal["expert", "noisy", "random"], float]
+    # per-episode weights of the environment's scripted policies, by the names it offers
+    # (env.policies: expert, noisy, random; persuasion's pushy too), checked when bootstrap runs
+    behaviour_mix: dict[str, float] = Field(min_length=1)
     noisy: NoisyParams
     tokenizer: TokenizerParams
     model: ModelParams
@@ -319,6 +333,24 @@ class ProposerParams(Strict):
     max_loss_ratio: float | None = Field(10.0, gt=1)  # as train.max_loss_ratio
 
 
+class ForwardParams(Strict):
+    """The forward stage (tasks/forward.py): HR's forward models fine-tuned on the logged dialogues."""
+
+    base_model: str = "data/bootstrap/model"  # fine-tuned into both forward models (HR: GPT-3.5)
+    dialogues: int | None = Field(None, ge=1)  # logged train dialogues sampled to train on (HR: 100); null: every one
+    cuts_per_dialogue: int | None = Field(2, ge=1)  # prefixes per dialogue, drawn by seed; null: every prefix (HR's)
+    hard_fraction: float = Field(0.25, gt=0, le=1)  # the hard model's dialogues: this lowest share by reward (HR: 25%)
+    epochs: float = Field(2, gt=0)
+    hard_epochs: float = Field(2, gt=0)
+    learning_rate: float = Field(1.0e-3, gt=0)
+    batch_size: int = Field(8, ge=1)
+    warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    bf16: bool | Literal["auto"] = "auto"
+    max_loss_ratio: float | None = Field(10.0, gt=1)
+    heldout_share: float = Field(0.1, ge=0, lt=1)  # dialogues kept out of training: fidelity is measured on their prefixes
+
+
 class IlqlParams(Strict):
     """ILQL's settings (tasks/train/ilql.py); the values are Hindsight Regenerations' Table 3 where it gives them."""
 
@@ -339,12 +371,19 @@ class MethodParams(Strict):
     alpha: float | None = Field(None, ge=0, lt=1)
     top_fraction: float = Field(0.25, gt=0, le=1)  # filtered_bc only
     ilql: IlqlParams | None = None  # ilql only; null: IlqlParams' defaults
+    # HR's aggregation: every logged row and regenerations until the rows are this multiple of
+    # the logged ones (HR: 5, originals included); with too few, every regeneration. null: off
+    aggregate_multiple: float | None = Field(None, ge=1)
     learning_rate: float | None = Field(None, gt=0)  # this method's own; null: train.learning_rate
 
     @model_validator(mode="after")
     def _alpha_needs_hindsight(self) -> MethodParams:
         if self.alpha is not None and self.data == "logged":
             raise ValueError("alpha is the share of hindsight rows, and data: logged has none; use data: all with alpha")
+        if self.aggregate_multiple is not None and self.data == "logged":
+            raise ValueError("aggregate_multiple adds hindsight rows, and data: logged has none; use data: all with aggregate_multiple")
+        if self.aggregate_multiple is not None and self.alpha is not None:
+            raise ValueError("alpha and aggregate_multiple both size the hindsight rows; set one")
         if self.ilql is not None and self.algorithm != "ilql":
             raise ValueError(f"ilql settings apply to algorithm ilql only, not {self.algorithm}")
         return self
@@ -431,6 +470,7 @@ class Params(Strict):
     critic: CriticParams = CriticParams()
     actor: ActorParams = ActorParams()
     proposer: ProposerParams = ProposerParams()
+    forward: ForwardParams = ForwardParams()
     train: TrainStageParams
     evaluate: EvaluateParams
 

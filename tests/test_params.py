@@ -86,7 +86,6 @@ def test_a_valid_key_passes(key):
         ("relabl.k", r"did you mean relabel\.k\?"),
         ("roles.sumarizer.model", r"did you mean roles\.summarizer\.model\?"),
         ("train.methods.refit.algoritm", r"did you mean train\.methods\.refit\.algorithm\?"),  # under a name of the user's own
-        ("bootstrap.behaviour_mix.expret", r"did you mean bootstrap\.behaviour_mix\.expert\?"),  # a dict of fixed keys
         ("relabel.zzzz", r"unknown param 'relabel\.zzzz' \(relabel has: mode, splits, k, t, n, window, hr_top\)"),
         ("relabel.k.x", r"relabel\.k is a value, with no keys under it"),
     ],
@@ -140,3 +139,43 @@ def test_top_level_limit_tasks_shrinks_every_stage_and_a_stages_own_wins():
     assert (plain.limit_tasks, plain.bootstrap.limit_tasks, plain.evaluate.limit_tasks) == (None, None, None)
     with pytest.raises(ValueError, match="limit_tasks"):
         Params.model_validate({**raw, "limit_tasks": 0})
+
+
+def test_behaviour_mix_takes_any_policy_the_environment_offers_and_names_an_unknown_one(tmp_path):
+    from tasks.bootstrap import behaviour
+
+    check_key("bootstrap.behaviour_mix.pushy")  # a name of the environment's own
+
+    def persuasion(mix):
+        def mutate(r):
+            r["env"] = {"name": "persuasion"}
+            r["bootstrap"]["behaviour_mix"] = mix
+        return mutate
+
+    mixture = behaviour(load_params(_write(tmp_path, persuasion({"expert": 0.5, "pushy": 0.5}))))
+    assert mixture.names == ["expert", "pushy"] and mixture.policies["pushy"].name == "pushy"
+    with pytest.raises(ValueError, match=r"'pushi' is not a scripted policy of environment persuasion \(it offers expert, noisy, pushy, random\)"):
+        behaviour(load_params(_write(tmp_path, persuasion({"expert": 0.5, "pushi": 0.5}))))
+    # TwentyQuestions has no pushy persuader.
+    with pytest.raises(ValueError, match=r"'pushy' is not a scripted policy of environment twenty_questions"):
+        behaviour(load_params(_write(tmp_path, lambda r: r["bootstrap"].update(behaviour_mix={"expert": 1.0, "pushy": 0.1}))))
+
+
+@pytest.mark.parametrize(
+    "entry, message",
+    [
+        ({"backend": "learned"}, r"backend learned needs a model"),
+        ({"backend": "learned", "model": "data/forward/model", "hard_share": 0.2}, r"hard_share 0.2 needs a hard_model"),
+        ({"backend": "learned", "model": "m", "hard_model": "h", "hard_share": 1.5}, r"roles\.forward\.hard_share"),
+        ({"backend": "policy", "hard_share": 0.2}, r"apply to backend learned only"),
+    ],
+)
+def test_the_learned_forward_role_is_checked(tmp_path, entry, message):
+    with pytest.raises(ParamsError, match=message):
+        load_params(_write(tmp_path, lambda r: r["roles"].update(forward=entry)))
+
+
+def test_the_learned_forward_role_and_the_forward_stage_load(tmp_path):
+    entry = {"backend": "learned", "model": "data/forward/model", "hard_model": "data/forward/hard_model", "hard_share": 0.2}
+    p = load_params(_write(tmp_path, lambda r: r["roles"].update(forward=entry)))
+    assert p.roles.forward.hard_share == 0.2 and p.forward.hard_fraction == 0.25

@@ -146,6 +146,33 @@ def test_alpha_with_too_few_regenerations_keeps_them_all_and_subsamples_the_logg
     assert training_rows(mixed(6, 0), alpha, 0)[1] == {"rows_logged": 6, "rows_hindsight": 0, "hindsight_share": 0.0}
 
 
+def test_aggregate_multiple_keeps_every_logged_row_and_adds_regenerations_up_to_the_multiple():
+    five = MethodParams(algorithm="ilql", aggregate_multiple=5)
+    table = mixed(4, 30)  # HR's 5x: 4 originals + 16 regenerations = 20 rows
+    data, counts = training_rows(table, five, seed=0)
+    assert counts == {"rows_logged": 4, "rows_hindsight": 16, "hindsight_share": 0.8, "multiple": 5.0}
+    assert ids(data, "l") == ids(table, "l") and len(ids(data, "h")) == 16
+    assert training_rows(table, five, seed=0)[0].equals(data)
+    assert ids(training_rows(table.reverse(), five, seed=0)[0], "h") == ids(data, "h")
+    assert ids(training_rows(table, five, seed=1)[0], "h") != ids(data, "h")
+    # A fractional multiple rounds the regenerations: 1.5 x 4 = 6 rows, 2 of them regenerations.
+    assert training_rows(table, MethodParams(algorithm="refit", aggregate_multiple=1.5), 0)[1]["rows_hindsight"] == 2
+    # Too few regenerations: all of them, and never a logged row less.
+    data, counts = training_rows(mixed(4, 3), five, seed=0)
+    assert counts == {"rows_logged": 4, "rows_hindsight": 3, "hindsight_share": 3 / 7, "multiple": 1.75}
+    # 1x: the originals alone.
+    assert training_rows(table, MethodParams(algorithm="refit", aggregate_multiple=1), 0)[1]["rows_hindsight"] == 0
+
+
+def test_aggregate_multiple_is_at_least_one_and_not_beside_alpha_or_logged_data():
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        MethodParams(algorithm="ilql", aggregate_multiple=0.5)
+    with pytest.raises(ValidationError, match="set one"):
+        MethodParams(algorithm="refit", alpha=0.4, aggregate_multiple=5)
+    with pytest.raises(ValidationError, match="data: logged has none"):
+        MethodParams(algorithm="refit", data="logged", aggregate_multiple=5)
+
+
 def test_alpha_needs_hindsight_rows_and_a_share_below_one():
     with pytest.raises(ValidationError, match="data: logged has none"):
         MethodParams(algorithm="refit", data="logged", alpha=0.4)

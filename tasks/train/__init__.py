@@ -58,9 +58,12 @@ def training_rows(table: pl.DataFrame, method, seed: int) -> tuple[pl.DataFrame,
     logged row and round(alpha / (1 - alpha) * logged) regenerations; with fewer regenerations
     than that, it keeps them all and subsamples the logged rows to round(regenerations * (1 -
     alpha) / alpha), so the share is alpha up to rounding (with no regeneration at all, no share
-    can be reached and the logged rows are kept). The rows drawn are the first by a hash of
-    (seed, trajectory_id): the same on every run, and a row's draw does not depend on the
-    other rows in the table."""
+    can be reached and the logged rows are kept). aggregate_multiple (HR's aggregation, 5 in the
+    paper) keeps every logged row and round((multiple - 1) * logged) regenerations, so the rows
+    are that multiple of the logged ones, originals counted; with fewer regenerations, all of
+    them (never a logged row less). The rows drawn are the first by a hash of (seed,
+    trajectory_id): the same on every run, and a row's draw does not depend on the other rows
+    in the table."""
     hindsight = pl.col("source") == "regeneration"
     if method.data == "logged":
         table = table.filter(~hindsight)
@@ -72,11 +75,19 @@ def training_rows(table: pl.DataFrame, method, seed: int) -> tuple[pl.DataFrame,
         elif regenerations.height:
             kept = min(logged.height, round(regenerations.height * (1 - a) / a))
             table = table.filter(hindsight | pl.col("trajectory_id").is_in(_drawn(logged, kept, seed)))
+    elif getattr(method, "aggregate_multiple", None) is not None:
+        logged, regenerations = table.filter(~hindsight), table.filter(hindsight)
+        wanted = round((method.aggregate_multiple - 1) * logged.height)
+        if wanted < regenerations.height:
+            table = table.filter(~hindsight | pl.col("trajectory_id").is_in(_drawn(regenerations, wanted, seed)))
     n_hindsight = table.filter(hindsight).height
-    return table, {
+    counts = {
         "rows_logged": table.height - n_hindsight, "rows_hindsight": n_hindsight,
         "hindsight_share": n_hindsight / table.height if table.height else None,
     }
+    if getattr(method, "aggregate_multiple", None) is not None:  # the multiple reached, originals counted
+        counts["multiple"] = round(table.height / counts["rows_logged"], 4) if counts["rows_logged"] else None
+    return table, counts
 
 
 def _drawn(rows: pl.DataFrame, n: int, seed: int) -> list[str]:
