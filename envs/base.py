@@ -80,6 +80,13 @@ class Request(Generic[T]):
     parse: Callable[[str], T]
 
 
+class Unfinished(ValueError):
+    """A role's reply that parses and says the dialogue did not finish: a forward model's
+    continuation that stops before the game ends, or a labeler's "unfinished" (HR's step 1).
+    It is an answer, not a fault: the caller records it with status "unfinished" and the
+    reason, does not sample again, and leaves the dialogue out (HR discards them)."""
+
+
 @dataclass(frozen=True)
 class Counterfactual:
     """A hindsight action (HOPE's a^H, HR's replacement) in the agent's own format."""
@@ -317,9 +324,24 @@ class Environment(ABC):
         pairs to step with; the parser checks that the game ends exactly at the last pair."""
         raise _missing(self, "LLM forward-model prompt")
 
+    def forward_reply(self, game: Game, turns: Sequence[Mapping]) -> str:
+        """The reply to `forward_request(game)` that its parser reads back as the logged `turns`
+        that followed (turn records, as trajectories hold them): a logged dialogue's rest as a
+        forward model's training target (the learned forward model, tasks/forward.py)."""
+        raise _missing(self, "LLM forward-model reply format")
+
     def labeler_request(self, turns: Sequence[Mapping], examples: Sequence[tuple[Sequence[Mapping], float]]) -> Request[float]:
         """HR's few-shot labeler: labelled (turns, return) examples, then the trajectory."""
         raise _missing(self, "LLM labeler prompt")
+
+    def finished_request(self, turns: Sequence[Mapping], examples: Sequence[tuple[Sequence[Mapping], float]]) -> Request[bool] | None:
+        """HR's two-step labeler, step 1: is the dialogue finished (True) or not (False)? None
+        (the default): the environment's few-shot labeler is one call, `labeler_request`."""
+        return None
+
+    def amount_request(self, turns: Sequence[Mapping], examples: Sequence[tuple[Sequence[Mapping], float]]) -> Request[float]:
+        """HR's two-step labeler, step 2, asked only of a dialogue step 1 found finished: its reward."""
+        return self.labeler_request(turns, examples)
 
     def judge_request(self, task_id: str, turns: Sequence[Mapping]) -> Request[dict[str, float]]:
         """Refit's rubric judge: criteria scored 0-10 and "Overall"."""

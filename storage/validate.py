@@ -56,7 +56,8 @@ SPLITS = ("train", "val", "test")
 SOURCES = ("policy", "import", "regeneration")
 PREFERENCE_SOURCES = ("policy", "proposer")  # the actor's: who made a state's two candidates
 PAIR_SOURCES = ("on-policy", "hindsight")  # the buffer's: whether a logged trajectory passes through the pair
-STATUSES = ("ok", "invalid", "failed")  # tasks.roles.Outcome: unparseable after retries, or no answer
+# tasks.roles.Outcome: unparseable after retries, no answer, or an answer that the dialogue did not finish (HR's labeler step 1)
+STATUSES = ("ok", "invalid", "failed", "unfinished")
 STANDARDIZE_STATUSES = ("ok", "tied", "singleton", "no_reward")
 RELABEL_MODES = ("hope", "hr")
 

@@ -7,6 +7,12 @@ oracle labeler replays the actions; an LLM labeler follows HR's recipe: the task
 label (the environment's labeler prompt); or Refit's rubric judge (its judge prompt: criteria
 scored 0-10 and an Overall score, the reward being Overall / 10, as Refit rescales it). A
 trajectory that cannot be labelled keeps a null reward with its status and reason.
+
+Where the environment's few-shot labeler has HR's two steps (`finished_request`: persuasion), they
+are two calls: step 1 asks whether the dialogue is finished, and only a finished one is asked
+step 2, its amount (`amount_request`). One judged unfinished gets status "unfinished" and no
+reward, without being asked again: HR discards such dialogues (standardize leaves them out as
+no_reward). Environments without step 1 keep the one call (`labeler_request`).
 """
 from __future__ import annotations
 
@@ -16,7 +22,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from envs.base import Environment
@@ -25,7 +31,7 @@ from storage.schema import from_table, to_table
 from storage.validate import StageInputs
 from tasks.params import Params
 from tasks.plots import histogram, write_plot
-from tasks.roles import account, call_requests, check_failure_rate, make_generator
+from tasks.roles import Outcome, account, call_requests, check_failure_rate, make_generator
 from tasks.rollout import derive_seed
 
 
@@ -51,15 +57,35 @@ def _llm_labels(params: Params, env: Environment, trajs: list[dict], gen) -> tup
         return labels, account(outcomes, gen)
     # HR's few-shot labeler; the examples come from the original (logged) trajectories.
     pool = [t for t in trajs if t["source"] != "regeneration" and t["return"] is not None]
-    requests, seeds = [], []
+    shots_of, seeds = [], []
     for t in trajs:
         rng = random.Random(derive_seed(role.seed, "label-shots", t["trajectory_id"]))
         others = [p for p in pool if p["trajectory_id"] != t["trajectory_id"]]
         shots = rng.sample(others, min(role.few_shot, len(others)))
-        requests.append(env.labeler_request(t["turns"], [(s["turns"], s["return"]) for s in shots]))
+        shots_of.append([(s["turns"], s["return"]) for s in shots])
         seeds.append(derive_seed(role.seed, "label", t["trajectory_id"]))
-    outcomes = call_requests(gen, requests, seeds, role)
-    return [(o.value, o.status, o.reason, None) for o in outcomes], account(outcomes, gen)
+    step1 = [env.finished_request(t["turns"], shots) for t, shots in zip(trajs, shots_of)]
+    if any(r is None for r in step1):  # one call: the environment's labeler has no step 1
+        outcomes = call_requests(gen, [env.labeler_request(t["turns"], shots) for t, shots in zip(trajs, shots_of)], seeds, role)
+        return [(o.value, o.status, o.reason, None) for o in outcomes], account(outcomes, gen)
+    return _two_step_labels(role, env, trajs, shots_of, seeds, step1, gen)
+
+
+def _two_step_labels(role, env: Environment, trajs: list[dict], shots_of: list, seeds: list[int], step1: list, gen) -> tuple[list, dict]:
+    """HR's donation labeler: step 1 (finished?) for every trajectory, step 2 (the amount) only
+    for those found finished. A trajectory's outcome is its last step's: step 1's when it did not
+    say finished (unfinished, invalid or failed), else step 2's."""
+    first = call_requests(gen, step1, [derive_seed(s, "finished") for s in seeds], role)
+    finished = [i for i, o in enumerate(first) if o.status == "ok" and o.value]
+    second = call_requests(gen, [env.amount_request(trajs[i]["turns"], shots_of[i]) for i in finished], [seeds[i] for i in finished], role)
+    final = list(first)
+    for i, o in zip(finished, second):
+        final[i] = replace(o, attempts=first[i].attempts + o.attempts)
+    for i, o in enumerate(first):
+        if o.status == "ok" and not o.value:
+            final[i] = Outcome("unfinished", None, o.text, o.attempts, "the labeler judged the dialogue unfinished (step 1: no donation decision)")
+    calls = {**account(final, gen), "steps": {"finished": account(first), "amount": account(second)}}
+    return [(o.value, o.status, o.reason, None) for o in final], calls
 
 
 @dataclass(frozen=True)

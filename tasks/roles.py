@@ -4,7 +4,10 @@ parsing and retries, and account for every call.
 A role's output that does not parse is sampled again with a new seed, up to `parse_attempts`
 in all; a request the backend gave up on is not retried here (the backend has its own retries).
 Each request ends as ok, invalid (never parsed) or failed (no text), with its reason, and a
-stage fails when more than `max_failure_rate` of its requests did not end ok.
+stage fails when more than `max_failure_rate` of its requests did not end ok. A reply whose
+parser says the dialogue did not finish (envs.base.Unfinished: a forward model's continuation
+that stops short, a labeler's "unfinished") ends as unfinished at once: an answer, not a fault,
+so it is neither sampled again nor counted as a failure.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
 
-from envs.base import Request
+from envs.base import Request, Unfinished
 from models.base import Completion, Generator, Message, SamplingParams
 from models.cache import CachedGenerator, ResponseCache
 from tasks.params import Params, RoleParams
@@ -86,7 +89,7 @@ def role_sampling(role: RoleParams) -> SamplingParams:
 
 @dataclass(frozen=True)
 class Outcome(Generic[T]):
-    status: Literal["ok", "invalid", "failed"]
+    status: Literal["ok", "invalid", "failed", "unfinished"]
     value: T | None  # the parsed output when ok
     text: str  # the last raw output ("" when the backend gave up)
     attempts: int
@@ -120,6 +123,8 @@ def call_parsed(
                 continue
             try:
                 out[i] = Outcome("ok", parsers[i](c.text), c.text, attempt + 1, None)
+            except Unfinished as e:
+                out[i] = Outcome("unfinished", None, c.text, attempt + 1, str(e))
             except ValueError as e:
                 last[i] = (c.text, str(e))
                 still.append(i)
@@ -137,11 +142,15 @@ def call_requests(gen: Generator, requests: list[Request[T]], seeds: list[int], 
 
 def account(outcomes: list[Outcome], gen: Generator | None = None) -> dict:
     """Counts for a stage's metrics: how the requests ended, attempts, cache hits and misses, and
-    the commonest reasons of those that did not end ok, as [count, reason]."""
+    the commonest reasons of those that failed, as [count, reason]. Unfinished answers are
+    counted (when there are any) and are not failures."""
     n = len(outcomes)
     counts = {s: sum(o.status == s for o in outcomes) for s in ("ok", "invalid", "failed")}
-    stats = {"requests": n, **counts, "attempts": sum(o.attempts for o in outcomes), "failure_rate": round((n - counts["ok"]) / n, 4) if n else 0.0}
-    reasons = Counter((o.reason or "")[:REASON_CHARS] for o in outcomes if o.status != "ok")
+    if unfinished := sum(o.status == "unfinished" for o in outcomes):
+        counts["unfinished"] = unfinished
+    bad = counts["invalid"] + counts["failed"]
+    stats = {"requests": n, **counts, "attempts": sum(o.attempts for o in outcomes), "failure_rate": round(bad / n, 4) if n else 0.0}
+    reasons = Counter((o.reason or "")[:REASON_CHARS] for o in outcomes if o.status in ("invalid", "failed"))
     if reasons:
         stats["top_reasons"] = [[count, reason] for reason, count in reasons.most_common(TOP_REASONS)]
     if gen is not None:
@@ -161,7 +170,7 @@ FAILED_ROWS = {
 def check_failure_rate(stage: str, role_name: str, role: RoleParams, stats: dict) -> None:
     """RoleFailure past the role's max_failure_rate, in one line: how many failed, the commonest
     reasons with their counts, and where the failed rows are."""
-    n, bad = stats["requests"], stats["requests"] - stats["ok"]
+    n, bad = stats["requests"], stats["invalid"] + stats["failed"]
     if not n or stats["failure_rate"] <= role.max_failure_rate:
         return
     top = stats.get("top_reasons", [])

@@ -400,3 +400,59 @@ def test_scripted_dialogues_go_through_the_hindsight_stages(tmp_path, tiny_model
     kept, quarantine = read_checked(tmp_path / "std/export/train.parquet", "export")
     assert quarantine.num_rows == 0 and kept.num_rows == n + len(regens)
     assert "Save the Children" in str(kept.to_pylist()[0]["messages"])
+
+
+# ---- HR's two-step labeler in the label stage ----
+
+class Keyed:
+    """A model answering from a table keyed by the prompt's last message, counting its calls."""
+
+    backend, model_id = "openai", "keyed"
+
+    def __init__(self, answers: dict[str, str]):
+        self.answers, self.calls = answers, []
+
+    def generate(self, convs, sampling, seeds):
+        from models.base import Completion
+
+        self.calls += [c[-1]["content"] for c in convs]
+        return [Completion(self.answers.get(c[-1]["content"], "I cannot tell.")) for c in convs]
+
+
+def test_the_label_stage_asks_step_two_only_of_finished_dialogues_and_records_unfinished(env, tmp_path, monkeypatch):
+    """Step 1 for every dialogue; step 2 only where step 1 said finished. "Unfinished: yes" is its
+    own status, without a reward and without being asked again; an unreadable step 1 is invalid."""
+    from conftest import tiny_params
+    from storage.parquet import read_table, write_table
+    from storage.schema import to_table
+    from tasks import label as label_stage
+    from tasks.params import Params
+
+    rows = [_episode(env, "donor-test-002", "expert", 0), _episode(env, "donor-test-003", "noisy", 1), _episode(env, "donor-test-004", "random", 2)]
+    from storage.schema import trajectory_id
+    from tasks.rollout import turn_start
+
+    cut = rows[1]  # cut before the decision: the labeler's unfinished
+    rows[1] = {**cut, "turns": cut["turns"][:-1], "messages": cut["messages"][: turn_start(cut["messages"], cut["num_turns"] - 1)],
+               "num_turns": cut["num_turns"] - 1, "return": 0.0, "success": False}
+    rows[1]["trajectory_id"] = trajectory_id(rows[1])
+    write_table(to_table(rows, "trajectories"), tmp_path / "trajectories.parquet", "trajectories")
+    step1 = [env.finished_request(r["turns"], []).messages[-1]["content"] for r in rows]
+    step2 = [env.amount_request(r["turns"], []).messages[-1]["content"] for r in rows]
+    model = Keyed({step1[0]: "Unfinished: no", step2[0]: "Final Donation Amount: 1.25", step1[1]: "Unfinished: yes",
+                   step1[2]: "Maybe?", step2[2]: "Final Donation Amount: 2"})
+    monkeypatch.setattr(label_stage, "make_generator", lambda role, cache: model)
+    llm = {"backend": "openai", "model": "m", "base_url": "http://127.0.0.1:1/v1", "few_shot": 0, "parse_attempts": 2, "max_failure_rate": 0.5}
+    p = Params.model_validate({**tiny_params({"roles": {"labeler": llm}}), "env": {"name": "persuasion"}})
+    m = label_stage.run_label(p, [tmp_path / "trajectories.parquet"], tmp_path / "label")
+    got = {r["task_id"]: r for r in read_table(tmp_path / "label/labels.parquet").to_pylist()}
+    finished, unfinished, unread = (got[r["task_id"]] for r in rows)
+    assert (finished["status"], finished["reward"]) == ("ok", 1.25)
+    assert (unfinished["status"], unfinished["reward"]) == ("unfinished", None) and "unfinished" in unfinished["reason"]
+    assert (unread["status"], unread["reward"]) == ("invalid", None) and "Unfinished: yes|no" in unread["reason"]
+    # Step 2 was asked once, of the finished dialogue; step 1 of the unfinished one once (not again).
+    assert model.calls.count(step2[0]) == 1 and step2[1] not in model.calls and step2[2] not in model.calls
+    assert model.calls.count(step1[1]) == 1 and model.calls.count(step1[2]) == 2  # the unreadable one sampled again
+    assert m["status"] == {"invalid": 1, "ok": 1, "unfinished": 1}
+    assert m["calls"]["steps"]["finished"]["requests"] == 3 and m["calls"]["steps"]["amount"]["requests"] == 1
+    assert m["calls"]["unfinished"] == 1 and m["calls"]["failure_rate"] == round(1 / 3, 4)  # unfinished is not a failure

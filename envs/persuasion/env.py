@@ -204,6 +204,9 @@ class Persuasion(Environment):
     def forward_request(self, game: PersuasionGame) -> Request[list[tuple[str, DonorReply]]]:
         return llm_roles.forward_request(game.state)
 
+    def forward_reply(self, game: PersuasionGame, turns) -> str:
+        return llm_roles.continuation_reply(turns)
+
     def labeler_request(self, turns, examples) -> Request[float]:
         return llm_roles.labeler_request(turns, examples)
 

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 
 from envs.base import Counterfactual, Request
+from envs.base import Unfinished as Unfinished_
 from envs.question_roles import parse_summary
 from envs.rubric import Rubric
 
@@ -252,10 +253,20 @@ def parse_continuation(text: str, start: Conversation) -> list[tuple[str, DonorR
         game.step(a.group(2), reply)
         out.append((render_action("", a.group(2)), reply))
     if not game.done:
-        raise ValueError(f"the continuation stops at turn {game.turn} before the donor decides")
+        raise Unfinished(f"the continuation stops at turn {game.turn} before the donor decides")
     if game.ended_by_donor is False and read_decision_line(lines[-1]) is None:
-        raise ValueError("the last turn ends without the donor's decision")
+        raise Unfinished("the last turn ends without the donor's decision")
     return out
+
+
+def continuation_reply(turns) -> str:
+    """The logged turns after a prefix in the forward model's format (what parse_continuation
+    reads): "AI:" / "H:" lines, a "Decision:" line where the donor decides. A turn whose action
+    did not follow the format has no message to write: ValueError."""
+    pairs = history(turns)
+    if any(m is None for m, _ in pairs):
+        raise ValueError("a turn of the continuation did not follow the action format (the donor heard nothing)")
+    return dialogue(pairs)
 
 
 def forward_request(state: Conversation) -> Request[list[tuple[str, DonorReply]]]:
@@ -272,8 +283,9 @@ _UNFINISHED = re.compile(r"^\s*(?:Unfinished\s*:\s*)?(yes|no)\b\.?\s*$", re.I)
 _AMOUNT = re.compile(r"^\s*Final Donation Amount\s*:\s*\$?\s*(-?\d+(?:\.\d+)?)\s*$", re.I)
 
 
-class Unfinished(ValueError):
-    """The labeler judged the dialogue unfinished: HR discards it, so it gets no reward."""
+class Unfinished(Unfinished_):
+    """The labeler judged the dialogue unfinished, or a forward model's continuation stops before
+    the donor decides: HR discards it, so it gets no reward (status "unfinished", not retried)."""
 
 
 def parse_finished(text: str) -> bool:
