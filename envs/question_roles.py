@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jinja2
 
-from envs.base import Counterfactual, Request
+from envs.base import Counterfactual, Request, Unfinished
 from envs.reason_question import render_action
 from envs.rubric import Rubric
 
@@ -268,7 +268,7 @@ def replay_continuation(pairs: list[tuple[str, str]], start: int, replay, view: 
         replay.step(q, reply)
         out.append((render_action("", q), reply))
     if not replay.done:
-        raise ValueError(f"the continuation stops at Q{start + len(out) - 1} before the game ends")
+        raise Unfinished(f"the continuation stops at Q{start + len(out) - 1} before the game ends")
     return out
 
 
@@ -291,6 +291,12 @@ class QuestionRoleRequests:
 
     def proposer_reply(self, proposals: Sequence[Counterfactual]) -> str:
         return proposal_reply(proposals)
+
+    def forward_reply(self, game, turns) -> str:
+        """The logged questions and answers after `game`'s turns, numbered on, as the forward
+        model's parser reads them."""
+        start = game.turn + 1
+        return "\n".join(f"Q{start + i}: {t['action']}\nA{start + i}: {t['observation']}" for i, t in enumerate(turns))
 
     def controller_request(self, task, turns, top: int) -> Request[list[tuple[int, Counterfactual]]]:
         played = history(turns)

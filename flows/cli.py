@@ -22,6 +22,7 @@ def _stage_flows() -> dict:
     from flows.collect import collect_flow
     from flows.critic import critic_flow
     from flows.evaluate import evaluate_flow
+    from flows.forward import forward_flow
     from flows.label import label_flow
     from flows.proposer import proposer_flow
     from flows.regenerate import regenerate_flow
@@ -33,6 +34,7 @@ def _stage_flows() -> dict:
     return {
         "bootstrap": bootstrap_flow,
         "collect": collect_flow,
+        "forward": forward_flow,
         "summarize": summarize_flow,
         "relabel": relabel_flow,
         "regenerate": regenerate_flow,

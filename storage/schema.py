@@ -251,8 +251,27 @@ PREFERENCES = TableSchema(
     ),
 )
 
+# A regeneration the forward model did not complete: one row per relabel that has no row in the
+# regenerations table, so relabels in = regenerations + dropped.
+DROPPED = TableSchema(
+    "dropped",
+    1,
+    pa.schema(
+        [
+            _f("relabel_id", pa.string()),
+            _f("parent_id", pa.string()),  # the logged trajectory the relabel branched from
+            _f("task_id", pa.string()),
+            _f("branch_turn", pa.int32()),
+            _f("forward_model", pa.string()),  # which model wrote the continuation: model | hard_model (learned), or the role's model
+            _f("status", pa.string()),  # unfinished (the parser: the dialogue did not finish) | invalid | failed
+            _f("reason", pa.string()),
+            _f("text", pa.string(), nullable=True),  # the last continuation the model wrote ("" when the backend gave up)
+        ]
+    ),
+)
+
 SCHEMAS: dict[str, TableSchema] = {
-    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT, PAIRS, PREFERENCES)
+    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT, PAIRS, PREFERENCES, DROPPED)
 }
 
 # What makes a trajectory itself; outcome columns (turns, return, success) are derived from it.

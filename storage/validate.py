@@ -780,6 +780,8 @@ RULES: dict[str, Rules] = {
         rows=_export_rules,
     ),
     "quarantine": Rules(text=("source_file", "field", "reason")),
+    "dropped": Rules(key="relabel_id", text=("relabel_id", "parent_id", "task_id", "forward_model", "status", "reason"),
+                     enums={"status": ("unfinished", "invalid", "failed")}),
     "pairs": Rules(
         key="key",
         text=("key", "source", "prompt[].role", "action.role"),

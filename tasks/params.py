@@ -337,7 +337,7 @@ class ForwardParams(Strict):
     """The forward stage (tasks/forward.py): HR's forward models fine-tuned on the logged dialogues."""
 
     base_model: str = "data/bootstrap/model"  # fine-tuned into both forward models (HR: GPT-3.5)
-    dialogues: int | None = Field(None, ge=1)  # logged train dialogues sampled to train on (HR: 100); null: every one
+    dialogues: int | None = Field(100, ge=1)  # logged train dialogues sampled to train on (HR: 100); null: every one
     cuts_per_dialogue: int | None = Field(2, ge=1)  # prefixes per dialogue, drawn by seed; null: every prefix (HR's)
     hard_fraction: float = Field(0.25, gt=0, le=1)  # the hard model's dialogues: this lowest share by reward (HR: 25%)
     epochs: float = Field(2, gt=0)

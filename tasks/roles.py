@@ -164,6 +164,7 @@ FAILED_ROWS = {
     ("summarize", "summarizer"): "SELECT trajectory_id, status, reason FROM summaries WHERE status <> 'ok'",
     ("relabel", "proposer"): "SELECT trajectory_id, branch_turn, status, reason FROM relabels WHERE status <> 'ok'",
     ("label", "labeler"): "SELECT trajectory_id, status, reason FROM labels WHERE status <> 'ok'",
+    ("regenerate", "forward"): "SELECT relabel_id, forward_model, status, reason FROM dropped",
 }
 
 
@@ -179,8 +180,6 @@ def check_failure_rate(stage: str, role_name: str, role: RoleParams, stats: dict
         reasons += f"; {others} for other reasons"
     if (stage, role_name) in FAILED_ROWS:
         where = f'the rows: retrosight inspect --sql "{FAILED_ROWS[stage, role_name]}"'
-    elif role_name == "forward":
-        where = f"each unfinished relabel is listed with its reason under forward_failures in data/{stage}/metrics.json"
     else:  # the simulator: a failed answer is heard as "unknown" in the game
         where = f"the counts are under simulator_calls in data/{stage}/metrics.json"
     raise RoleFailure(

@@ -143,9 +143,16 @@ def preference(i: int = 0, **change) -> dict:
     }
 
 
+def dropped(i: int = 0, **change) -> dict:
+    return {
+        "relabel_id": f"r{i}", "parent_id": f"t{i}", "task_id": "donor-train-000", "branch_turn": 1, "forward_model": "model",
+        "status": "unfinished", "reason": "the continuation stops at turn 3 before the donor decides", "text": "AI: Hi\nH: Hello", **change,
+    }
+
+
 GOOD = {
     "trajectories": traj, "summaries": summary, "relabels": relabel, "labels": label, "training": training,
-    "export": export, "quarantine": quarantined, "pairs": pair, "preferences": preference,
+    "export": export, "quarantine": quarantined, "pairs": pair, "preferences": preference, "dropped": dropped,
 }
 
 
