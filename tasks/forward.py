@@ -17,6 +17,8 @@ regenerations drift toward the average user). Here both are the base model fine-
 - The hard model learns from the `hard_fraction` of the training dialogues with the lowest
   logged return (ties broken by a hash of the trajectory), from the same base weights.
 - `dialogues` samples that many train dialogues (HR: 100 per dataset); null: every one.
+- With no example left for a model, it is the base model, and metrics say why (as train keeps
+  the base model for a method with no rows).
 
 Fidelity. A `heldout_share` of the logged train dialogues (by a hash of seed and trajectory)
 stays out of both training sets. Each is cut once (seeded) and completed by each model, served as
@@ -117,13 +119,11 @@ def run_forward(params: Params, trajectories: Path, out_dir: Path) -> dict:
         counts["dialogues_too_short"] += t["num_turns"] < 2
         encoded[t["trajectory_id"]] = mine
     sets = {"model": [e for t in train for e in encoded[t["trajectory_id"]]], "hard_model": [e for t in hard for e in encoded[t["trajectory_id"]]]}
-    for name, examples in sets.items():
-        if not examples:
-            raise ValueError(
-                f"{trajectories}: no example to train the forward {name} on ({len(train)} train dialogues, {len(hard)} hard; "
-                f"{counts['examples_too_long']} examples longer than the model's {context} positions, {sum(refused.values())} whose "
-                f"logged rest the forward parser refuses, {counts['dialogues_too_short']} dialogues of one turn)"
-            )
+    why_none = (
+        f"{len(train)} train dialogues, {len(hard)} hard; {counts['examples_too_long']} examples longer than the model's "
+        f"{context} positions, {sum(refused.values())} whose logged rest the forward parser refuses, "
+        f"{counts['dialogues_too_short']} dialogues of one turn"
+    )
     print(f"forward: {len(sets['model'])} examples from {len(train)} dialogues, {len(sets['hard_model'])} from the {len(hard)} hardest; "
           f"{len(held)} dialogues held out", flush=True)
 
@@ -131,12 +131,17 @@ def run_forward(params: Params, trajectories: Path, out_dir: Path) -> dict:
     curve: list[dict] = []
     trained = {}
     for name, epochs in (("model", f.epochs), ("hard_model", f.hard_epochs)):
-        print(f"forward: {name}, {epochs:g} epochs at lr {f.learning_rate:g} on {len(sets[name])} examples", flush=True)
         set_seed(params.seed)
         model = AutoModelForCausalLM.from_pretrained(f.base_model, dtype=torch.float32)  # both from the same base weights
+        out_dir.mkdir(parents=True, exist_ok=True)
+        if not sets[name]:  # as train does for a method with no rows: the base model, and the reason
+            print(f"forward: no example for the {name} ({why_none}); it is the base model", flush=True)
+            _save(model, tokenizer, out_dir / name, True)
+            trained[name] = {"examples": 0, "skipped": f"no example ({why_none}): the base model"}
+            continue
+        print(f"forward: {name}, {epochs:g} epochs at lr {f.learning_rate:g} on {len(sets[name])} examples", flush=True)
         points = train_sft(model, tokenizer, sets[name], epochs=epochs, learning_rate=f.learning_rate, seed=params.seed, **kwargs)
         curve.extend({"model": name, "step": p["step"], "loss": p["loss"]} for p in points)
-        out_dir.mkdir(parents=True, exist_ok=True)
         _save(model, tokenizer, out_dir / name, True)
         trained[name] = {"examples": len(sets[name]), "epochs": epochs, "final_loss": points[-1]["loss"] if points else None}
         del model

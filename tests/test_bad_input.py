@@ -276,7 +276,7 @@ ROW_FAULTS = {
                                 "trajectory_id", r"is not the content hash of the row"),
     # summaries
     "duplicate summary": (S, summary(0), "trajectory_id", r"^duplicate of row 0 \(same trajectory_id 't0'\)$"),
-    "unknown summary status": (S, summary(1, status="done"), "status", r"^'done' is not one of ok, invalid, failed$"),
+    "unknown summary status": (S, summary(1, status="done"), "status", r"^'done' is not one of ok, invalid, failed, unfinished$"),
     "ok without summary": (S, summary(1, summary=None), "summary", r"^empty on a row with status 'ok'$"),
     "failed without reason": (S, summary(1, summary=None, status="failed"), "reason", r"^empty on a row whose status is not 'ok'"),
     "empty prompt_hash": (S, summary(1, prompt_hash=""), "prompt_hash", r"^empty string$"),
@@ -310,7 +310,7 @@ ROW_FAULTS = {
     "NaN label reward": (L, label(1, reward=float("nan")), "reward", r"^nan is not a finite number$"),
     "-inf env reward": (L, label(1, env_reward=float("-inf")), "env_reward", r"^-inf is not a finite number$"),
     "duplicate label": (L, label(0), "trajectory_id", r"^duplicate of row 0 \(same trajectory_id 't0'\)$"),
-    "unknown label status": (L, label(1, status="done"), "status", r"^'done' is not one of ok, invalid, failed$"),
+    "unknown label status": (L, label(1, status="done"), "status", r"^'done' is not one of ok, invalid, failed, unfinished$"),
     "unknown label source": (L, label(1, source="human"), "source", r"^'human' is not one of policy, import, regeneration$"),
     "ok without reward": (L, label(1, reward=None), "reward", r"^null on a row with status 'ok'$"),
     "failed with a reward": (L, label(1, status="failed", reason="timeout"), "reward", r"^-1\.0 on a row with status 'failed'"),

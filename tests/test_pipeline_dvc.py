@@ -36,7 +36,7 @@ def _wait_until_gone(group: int, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "proposer", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
+STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "proposer", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
 
 
 def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace, tmp_path, faults):
@@ -109,9 +109,9 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace,
         pq.read_metadata(f)  # whatever a reader can see is a whole file
     third = run([str(BIN / "retrosight"), "run"], project)
     faults(sigkills=1, runs_resumed=1)
-    for stage in STAGES[:4]:  # relabel finished before the kill: DVC recorded it, so it is not redone
+    for stage in STAGES[:5]:  # relabel finished before the kill: DVC recorded it, so it is not redone
         assert f"{stage}: skipped" in third.stdout, third.stdout
-    for stage in STAGES[4:]:
+    for stage in STAGES[5:]:
         assert f"{stage}: ran" in third.stdout, third.stdout
     assert (model / "model.safetensors").stat().st_mtime_ns == before
     assert json.loads(run([str(BIN / "dvc"), "status", "--json"], project).stdout) == {}
@@ -139,9 +139,9 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace,
     assert waiting.returncode == 0 and "Waiting for the run that holds this workspace" in waiting_out, waiting_out[-3000:]
     assert "up to date" in waiting_out  # the forced run finished everything; the waiting one found nothing stale
     assert not owner.exists()
-    for stage in STAGES[3:]:
+    for stage in STAGES[4:]:
         assert f"{stage}: ran" in fourth_out, fourth_out
-    for stage in STAGES[:3]:
+    for stage in STAGES[:4]:
         assert f"{stage}:" not in fourth_out
     assert outputs(project) == resumed
 
