@@ -320,7 +320,7 @@ class ProposerParams(Strict):
 
 
 class MethodParams(Strict):
-    algorithm: Literal["sft", "refit", "swift", "filtered_bc"]
+    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "leap"]  # leap: relabel's counterfactuals, not the table
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
     # HOPE's alpha: the regenerations' share of this method's rows (tasks/train: training_rows); null: every row
     alpha: float | None = Field(None, ge=0, lt=1)
@@ -331,6 +331,8 @@ class MethodParams(Strict):
     def _alpha_needs_hindsight(self) -> MethodParams:
         if self.alpha is not None and self.data == "logged":
             raise ValueError("alpha is the share of hindsight rows, and data: logged has none; use data: all with alpha")
+        if self.algorithm == "leap" and (self.alpha is not None or self.data != "all"):
+            raise ValueError("leap trains on relabel's counterfactuals, not on the training table's rows: data and alpha do not apply to it")
         return self
 
 
