@@ -303,6 +303,8 @@ class ActorParams(Strict):
     bf16: bool | Literal["auto"] = "auto"
     max_loss_ratio: float | None = Field(10.0, gt=1)
     select: Literal["last", "val"] = "last"  # val: the round whose actor wins most val games (HOPE); last: the last round's
+    deepspeed: str | None = "tasks/train/deepspeed_zero3.json"  # as train.deepspeed: the DPO update on GPUs and on ranks
+    nproc_per_node: int = Field(1, ge=1)  # > 1: the stage relaunches itself under torchrun; each round's update runs on every rank
 
 
 class ProposerParams(Strict):
