@@ -145,9 +145,6 @@ def leap_rows(params, checked: StageInputs, relabels: Path | None, trajectories:
     from tasks.regenerate import ok_relabels
     from tasks.train import leap
 
-    if relabels is None or trajectories is None:
-        raise ValueError("train: a leap method learns relabel's counterfactuals; pass the relabels table and the trajectories they "
-                         "were proposed on (the stage reads data/relabel/relabels.parquet and data/collect/trajectories.parquet)")
     parents = {t["trajectory_id"]: t for t in from_table(checked.read(trajectories, "trajectories"))}
     return leap.counterfactuals(params.env.environment(), ok_relabels(checked, relabels, parents, str(trajectories)), parents)
 
@@ -163,7 +160,10 @@ def run_train(
     t0 = time.time()
     tp = params.train
     leap = any(m.algorithm == "leap" for m in tp.methods.values())
-    hindsight_inputs = {"relabels": relabels, "trajectories": [trajectories]} if leap and relabels and trajectories else {}
+    if leap and (relabels is None or trajectories is None):
+        raise ValueError("train: a leap method learns relabel's counterfactuals; pass the relabels table and the trajectories they "
+                         "were proposed on (the stage reads data/relabel/relabels.parquet and data/collect/trajectories.parquet)")
+    hindsight_inputs = {"relabels": relabels, "trajectories": [trajectories]} if leap else {}
     if tp.nproc_per_node > 1 and not torch.distributed.is_torchelastic_launched():
         return launch(params, training, out_dir, checkpoint_dir, tp.nproc_per_node, inputs=hindsight_inputs)
     main, ranks = rank() == 0, world_size()
