@@ -87,7 +87,7 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         "buffer_prm": lambda: run_buffer(prm, trajectories, d / "buffer_prm"),
         "critic_prm": lambda: run_critic(prm, d / "buffer_prm/pairs.parquet", d / "critic_prm"),
         "actor_prm": lambda: run_actor(prm, d / "buffer_prm/pairs.parquet", trajectories, d / "summarize/summaries.parquet", d / "actor_prm"),
-        "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train"),
+        "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train", relabels=d / "relabel/relabels.parquet", trajectories=trajectories[0]),
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
     }
     for stage in STAGES:

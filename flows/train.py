@@ -12,6 +12,10 @@ from tasks.train import run_train
 def train_flow(params_path: str = "params.yaml") -> dict:
     params = load_params(params_path)
     # Checkpoints live outside the stage's outputs, which DVC deletes before it reruns the stage.
-    metrics = run_train(params, DATA / "standardize" / "train.parquet", DATA / "train", Path(".retrosight/checkpoints/train"))
+    # A leap method also learns relabel's counterfactuals at their logged states.
+    metrics = run_train(
+        params, DATA / "standardize" / "train.parquet", DATA / "train", Path(".retrosight/checkpoints/train"),
+        relabels=DATA / "relabel" / "relabels.parquet", trajectories=DATA / "collect" / "trajectories.parquet",
+    )
     publish("train", metrics)
     return metrics

@@ -317,6 +317,8 @@ class ActorParams(Strict):
     bf16: bool | Literal["auto"] = "auto"
     max_loss_ratio: float | None = Field(10.0, gt=1)
     select: Literal["last", "val"] = "last"  # val: the round whose actor wins most val games (HOPE); last: the last round's
+    deepspeed: str | None = "tasks/train/deepspeed_zero3.json"  # as train.deepspeed: the DPO update on GPUs and on ranks
+    nproc_per_node: int = Field(1, ge=1)  # > 1: the stage relaunches itself under torchrun; each round's update runs on every rank
 
 
 class ProposerParams(Strict):
@@ -365,7 +367,7 @@ class IlqlParams(Strict):
 
 
 class MethodParams(Strict):
-    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "ilql"]
+    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "ilql", "leap"]  # leap: relabel's counterfactuals, not the table
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
     # HOPE's alpha: the regenerations' share of this method's rows (tasks/train: training_rows); null: every row
     alpha: float | None = Field(None, ge=0, lt=1)
@@ -386,6 +388,8 @@ class MethodParams(Strict):
             raise ValueError("alpha and aggregate_multiple both size the hindsight rows; set one")
         if self.ilql is not None and self.algorithm != "ilql":
             raise ValueError(f"ilql settings apply to algorithm ilql only, not {self.algorithm}")
+        if self.algorithm == "leap" and (self.alpha is not None or self.aggregate_multiple is not None or self.data != "all"):
+            raise ValueError("leap trains on relabel's counterfactuals, not on the training table's rows: data, alpha and aggregate_multiple do not apply to it")
         return self
 
 

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from conftest import ROOT, project_env, stop_process, tiny_params
+from test_actor import chain  # noqa: F401  (a fixture: scripted games, their summaries and buffer, a critic)
 
 from storage.parquet import write_table
 from tasks.params import Params
@@ -116,6 +117,41 @@ def test_the_critic_on_two_cpu_ranks_matches_one_process(tiny_model_dir, tmp_pat
     w1 = dict(load_critic(str(tmp_path / "one/model"))[0].named_parameters())
     for key, w in load_critic(str(tmp_path / "two/model"))[0].named_parameters():
         assert (w - w1[key]).abs().max().item() < 1e-4
+
+
+def test_the_actor_on_two_cpu_ranks_matches_one_process(tiny_model_dir, chain, tmp_path):
+    from test_actor import actor_params
+    from transformers import AutoModelForCausalLM
+
+    from tasks.actor import run_actor
+
+    def params(nproc: int, batch_size: int) -> Params:
+        # 16 states in 2 rounds: 8 pairs a round (if no state ties), each round's one global batch, seen
+        # twice. One batch, because the length-grouped sampler groups by the per-rank batch size: with
+        # more than one, 2 x 4 and 1 x 8 can cut the round's pairs into other global batches.
+        return actor_params(chain, tiny_model_dir, prompts=16, rounds=2, epochs=2, nproc_per_node=nproc, batch_size=batch_size,
+                            deepspeed=str(ROOT / "tasks/train/deepspeed_zero3.json"), bf16=False)  # float32 on both sides, as above
+
+    args = (chain / "pairs.parquet", [chain / "collect.parquet", chain / "regenerate.parquet"], chain / "summaries.parquet")
+    two = run_actor(params(2, 4), *args, tmp_path / "two")
+    one = run_actor(params(1, 8), *args, tmp_path / "one")
+    assert two["world_size"] == 2 and "world_size" not in one
+    assert [r["pairs"] for r in one["rounds"]] == [8, 8] and two["pairs"] == 16
+    assert all(0.4 * two["partition"]["elements"] < n < 0.6 * two["partition"]["elements"] for n in two["partition"]["held_by_rank"])
+    # Rank 0 made the same pairs: the first round's from the base, the second's from the actor
+    # after the first update, which the ranks made together.
+    assert (tmp_path / "two/preferences.parquet").read_bytes() == (tmp_path / "one/preferences.parquet").read_bytes()
+    curve2, curve1 = (json.loads((tmp_path / f"{d}/loss.json").read_text()) for d in ("two", "one"))
+    assert [(p["round"], p["step"]) for p in curve2] == [(p["round"], p["step"]) for p in curve1] and len(curve2) == 4  # 2 epochs of one batch, 2 rounds
+    for a, b in zip(curve2, curve1):
+        # the loss, and the implicit-reward margin and accuracy over both ranks' pairs
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4) and a["margin"] == pytest.approx(b["margin"], abs=1e-5)
+        assert a["accuracy"] == b["accuracy"]
+    w1 = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "one/model").named_parameters())
+    base = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
+    for key, w in AutoModelForCausalLM.from_pretrained(tmp_path / "two/model").named_parameters():
+        assert (w - w1[key]).abs().max().item() < 1e-4
+    assert any((w1[k] - base[k]).abs().max().item() > 1e-4 for k in base)  # the update moved the actor (4 Adam steps at lr 1e-4)
 
 
 def _collect_params(model: Path, cache: Path, **scale) -> dict:

@@ -35,9 +35,9 @@ from tasks.train.sft import TrainingDiverged, latest_checkpoint
 
 
 def algorithms() -> dict:
-    from tasks.train import filtered_bc, ilql, refit, sft, swift
+    from tasks.train import filtered_bc, ilql, leap, refit, sft, swift
 
-    return {"sft": sft.train, "refit": refit.train, "swift": swift.train, "filtered_bc": filtered_bc.train, "ilql": ilql.train}
+    return {"sft": sft.train, "refit": refit.train, "swift": swift.train, "filtered_bc": filtered_bc.train, "ilql": ilql.train, "leap": leap.train}
 
 
 def _file_digest(paths: list[Path], root: Path) -> str:
@@ -149,15 +149,34 @@ def _deepspeed_config(path: str | None) -> str | None:
     return str(shipped) if shipped.exists() else path
 
 
-def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None = None) -> dict:
+def leap_rows(params, checked: StageInputs, relabels: Path | None, trajectories: Path | None) -> list[dict]:
+    """LEAP's examples, once for every leap method: relabel's counterfactuals at their parents'
+    states (tasks/train/leap.py). A relabel whose parent is not in `trajectories` is quarantined."""
+    from storage.schema import from_table
+    from tasks.regenerate import ok_relabels
+    from tasks.train import leap
+
+    parents = {t["trajectory_id"]: t for t in from_table(checked.read(trajectories, "trajectories"))}
+    return leap.counterfactuals(params.env.environment(), ok_relabels(checked, relabels, parents, str(trajectories)), parents)
+
+
+def run_train(
+    params, training: Path, out_dir: Path, checkpoint_dir: Path | None = None, relabels: Path | None = None, trajectories: Path | None = None,
+) -> dict:
     """Writes out_dir/models/<method>/ (HF model directories), out_dir/loss/<method>.json and
     out_dir/metrics.json. With checkpoint_dir, resumes a killed run (see the module's docstring).
     Raises TrainingDiverged, naming the method, when a loss turns NaN/inf or diverges.
-    With train.nproc_per_node > 1, relaunches itself on that many ranks (launch.py)."""
+    With train.nproc_per_node > 1, relaunches itself on that many ranks (launch.py). A leap
+    method also reads `relabels` and the `trajectories` they were proposed on."""
     t0 = time.time()
     tp = params.train
+    leap = any(m.algorithm == "leap" for m in tp.methods.values())
+    if leap and (relabels is None or trajectories is None):
+        raise ValueError("train: a leap method learns relabel's counterfactuals; pass the relabels table and the trajectories they "
+                         "were proposed on (the stage reads data/relabel/relabels.parquet and data/collect/trajectories.parquet)")
+    hindsight_inputs = {"relabels": relabels, "trajectories": [trajectories]} if leap else {}
     if tp.nproc_per_node > 1 and not torch.distributed.is_torchelastic_launched():
-        return launch(params, training, out_dir, checkpoint_dir, tp.nproc_per_node)
+        return launch(params, training, out_dir, checkpoint_dir, tp.nproc_per_node, inputs=hindsight_inputs)
     main, ranks = rank() == 0, world_size()
     if ranks > 1 and checkpoint_dir is not None:
         if main:
@@ -165,13 +184,15 @@ def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None
         checkpoint_dir = None
     checked = StageInputs()
     table = checked.read_polars(training, "training")
+    counterfactuals = leap_rows(params, checked, relabels, trajectories) if leap else []
     metrics: dict = {"inputs": checked.write(out_dir) if main else {}, "base_model": tp.base_model, "rows": table.height, "methods": {}}
     if ranks > 1:
         metrics["world_size"] = ranks
     if checkpoint_dir is not None:
         base = Path(tp.base_model)
         files = sorted(p for p in base.rglob("*") if p.is_file())
-        inputs = _file_digest([training], training.parent) + _file_digest(files, base) + tp.base_model
+        hindsight = [Path(relabels), Path(trajectories)] if leap else []
+        inputs = "".join(_file_digest([p], p.parent) for p in [training, *hindsight]) + _file_digest(files, base) + tp.base_model
     for name, method in tp.methods.items():
         t_method = time.time()
         cfg = tp.config_for(method)
@@ -189,13 +210,17 @@ def run_train(params, training: Path, out_dir: Path, checkpoint_dir: Path | None
             cfg = cfg.model_copy(update={"checkpoint_dir": store / "trainer"})
             if resume := latest_checkpoint(store / "trainer"):
                 print(f"train {name}: resuming from its checkpoint at step {resume.name.rsplit('-', 1)[1]}", flush=True)
-        data, mix = training_rows(table, method, params.seed)
+        if method.algorithm == "leap":  # every counterfactual, and no row of the training table
+            data, mix = counterfactuals, {"rows_logged": 0, "rows_hindsight": len(counterfactuals), "hindsight_share": 1.0 if counterfactuals else None}
+        else:
+            data, mix = training_rows(table, method, params.seed)
         set_seed(params.seed)
         torch.use_deterministic_algorithms(True)
         tokenizer = AutoTokenizer.from_pretrained(tp.base_model)
         model = AutoModelForCausalLM.from_pretrained(tp.base_model, dtype=torch.float32)
         if main:
-            print(f"train {name}: {method.algorithm} on {data.height} trajectories ({mix['rows_logged']} logged, {mix['rows_hindsight']} hindsight)", flush=True)
+            what = "counterfactuals" if method.algorithm == "leap" else "trajectories"
+            print(f"train {name}: {method.algorithm} on {len(data)} {what} ({mix['rows_logged']} logged, {mix['rows_hindsight']} hindsight)", flush=True)
         try:
             result = algorithms()[method.algorithm](model, tokenizer, data, cfg, params.seed)
         except TrainingDiverged as e:

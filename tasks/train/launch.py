@@ -39,9 +39,13 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def launch(params: Params, training: Path, out_dir: Path, checkpoint_dir: Path | None, nproc: int, stage: str = "train") -> dict:
-    """Runs the train stage (or the critic stage, on its pairs table) on `nproc` local ranks under
-    torchrun; returns rank 0's metrics."""
+def launch(
+    params: Params, training: Path, out_dir: Path, checkpoint_dir: Path | None, nproc: int, stage: str = "train",
+    inputs: dict[str, Path | list[Path]] | None = None,
+) -> dict:
+    """Runs the train stage (or the critic or actor stage, on the buffer's pairs table) on `nproc`
+    local ranks under torchrun; returns rank 0's metrics. `inputs`: the stage's other tables, by
+    option name (relabels, trajectories, summaries)."""
     with tempfile.TemporaryDirectory(prefix="retrosight-train-") as tmp:
         # The params as validated here (a test's or a flow's), not a file the ranks would read again.
         spec = Path(tmp) / "params.json"
@@ -52,6 +56,8 @@ def launch(params: Params, training: Path, out_dir: Path, checkpoint_dir: Path |
         ]
         if checkpoint_dir is not None:
             cmd += ["--checkpoint-dir", str(checkpoint_dir)]
+        for name, paths in (inputs or {}).items():
+            cmd += [f"--{name}", *map(str, paths if isinstance(paths, list) else [paths])]
         # The ranks share this machine's threads: each gets its share, never the whole.
         env = {**os.environ, **runtime.thread_env(runtime.threads_for(params.runtime.threads, nproc), params.runtime.omp_wait_policy)}
         if not torch.cuda.is_available():
@@ -64,12 +70,16 @@ def launch(params: Params, training: Path, out_dir: Path, checkpoint_dir: Path |
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m tasks.train.launch", description="One rank of the train or critic stage (start it with torchrun).")
-    ap.add_argument("--stage", choices=["train", "critic"], default="train")
+    ap = argparse.ArgumentParser(prog="python -m tasks.train.launch", description="One rank of the train, critic or actor stage (start it with torchrun).")
+    ap.add_argument("--stage", choices=["train", "critic", "actor"], default="train")
     ap.add_argument("--params", required=True, help="params.yaml, or the params JSON a launching stage wrote")
     ap.add_argument("--training", required=True, type=Path, help="the training table (data/standardize/train.parquet; the critic: data/buffer/pairs.parquet)")
     ap.add_argument("--out", required=True, type=Path, help="the stage's output folder (data/train)")
     ap.add_argument("--checkpoint-dir", type=Path, default=None)
+    ap.add_argument("--relabels", type=Path, default=None, help="train, for leap methods: data/relabel/relabels.parquet")
+    ap.add_argument("--trajectories", type=Path, nargs="+", default=None,
+                    help="train (leap): the trajectories relabelled (data/collect/trajectories.parquet); actor: collect's and regenerate's")
+    ap.add_argument("--summaries", type=Path, default=None, help="actor: data/summarize/summaries.parquet")
     args = ap.parse_args(argv)
     if not torch.distributed.is_torchelastic_launched():
         ap.error("start this module with torchrun (or set train.nproc_per_node and run the train stage)")
@@ -83,8 +93,12 @@ def main(argv: list[str] | None = None) -> None:
             from tasks.critic import run_critic
 
             run_critic(params, args.training, args.out)
+        elif args.stage == "actor":
+            from tasks.actor import run_actor
+
+            run_actor(params, args.training, args.trajectories, args.summaries, args.out)
         else:
-            run_train(params, args.training, args.out, args.checkpoint_dir)
+            run_train(params, args.training, args.out, args.checkpoint_dir, args.relabels, (args.trajectories or [None])[0])
         # Tear the group down together: a rank that left while rank 0 was still saving was seen
         # to abort at exit ("terminate called without an active exception", rank 1, under load).
         if torch.distributed.is_initialized():

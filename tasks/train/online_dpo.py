@@ -86,9 +86,13 @@ class DPOTrainer(Trainer):
         return loss
 
     def log(self, logs: dict, *args, **kwargs) -> None:
-        if self._seen and "loss" in logs:
-            logs["margin"] = round(sum(m for m, _ in self._seen) / len(self._seen), 6)
-            logs["accuracy"] = round(sum(a for _, a in self._seen) / len(self._seen), 4)
+        if "loss" in logs:
+            seen = torch.tensor([sum(m for m, _ in self._seen), sum(a for _, a in self._seen), len(self._seen)], dtype=torch.float64)
+            if self.args.world_size > 1:  # every rank logs the loss together: each saw its share of the pairs
+                torch.distributed.all_reduce(seen)
+            if seen[2] > 0:
+                logs["margin"] = round(float(seen[0] / seen[2]), 6)
+                logs["accuracy"] = round(float(seen[1] / seen[2]), 4)
             self._seen = []
         super().log(logs, *args, **kwargs)
 
@@ -105,12 +109,23 @@ def reference_logps(ref_model, tokenizer, sequences: list[dict], batch_size: int
     return out
 
 
-def train(model, ref_model, tokenizer, pairs: list[tuple[dict, dict]], seed: int, beta: float, **trainer_kwargs) -> list[dict]:
-    """pairs: (chosen, rejected) encodings. Trains `model` in place on them (train_sft's settings),
-    against `ref_model`'s log-probabilities; returns the loss curve (with margin and accuracy)."""
+def pair_rows(ref_model, tokenizer, pairs: list[tuple[dict, dict]]) -> list[dict]:
+    """pairs: (chosen, rejected) encodings; returns the training rows, each pair with the
+    reference's log-probabilities of its two actions."""
     ref = reference_logps(ref_model, tokenizer, [s for pair in pairs for s in pair])
-    rows = [
+    return [
         {**c, "rejected_input_ids": r["input_ids"], "rejected_labels": r["labels"], "ref_chosen": ref[2 * i], "ref_rejected": ref[2 * i + 1]}
         for i, (c, r) in enumerate(pairs)
     ]
+
+
+def fit(model, tokenizer, rows: list[dict], seed: int, beta: float, **trainer_kwargs) -> list[dict]:
+    """Trains `model` in place on pair_rows (train_sft's settings; under torchrun every rank calls
+    it with the same rows and takes its share of each batch); returns the loss curve (with margin
+    and accuracy)."""
     return train_sft(model, tokenizer, rows, seed=seed, trainer_cls=DPOTrainer, collator=PairCollator(tokenizer.pad_token_id), beta=beta, **trainer_kwargs)
+
+
+def train(model, ref_model, tokenizer, pairs: list[tuple[dict, dict]], seed: int, beta: float, **trainer_kwargs) -> list[dict]:
+    """pair_rows then fit, in one process."""
+    return fit(model, tokenizer, pair_rows(ref_model, tokenizer, pairs), seed, beta, **trainer_kwargs)
