@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from envs import registry
+from envs.base import Unfinished
 from envs.car_dealer import data
 from envs.car_dealer.buyer import COULD_NOT_RESPOND, BuyerReply, Counters, count, parse_buyer, read_observation, situate
 from envs.car_dealer.data import Car, DataError
@@ -678,6 +679,36 @@ def test_llm_controller_forward_labeler_judge_and_summary_parsers(env):
     with pytest.raises(ValueError, match="missing sections"):
         summary.parse("### Summary of the buyer\nfine")
     assert all(len(env.prompt_hash(r)) == 12 for r in ("simulator", "summarizer", "proposer", "controller", "forward", "labeler", "judge"))
+
+
+def test_the_forward_models_target_is_the_logged_rest_in_its_json_format_and_reads_back(env):
+    b = env.task("1_Volkswagen_van_65000")
+    row = _expert_episode(env, b.id).to_row()
+    game = env.game(b)
+    game.restore(row["turns"][:2])  # after the greeting: the next action is a call
+    reply = env.forward_reply(game, row["turns"][2:])
+    items = json.loads(reply.removeprefix("```json").removesuffix("```"))
+    assert len(items) == row["num_turns"] - 2 and items[0]["api_call"]["api_name"] == "search_car_by_brand_type"
+    assert items[-1]["buyer"] == {**items[-1]["buyer"], "decision": "Accept"} and items[-1]["buyer"]["price"] > 0
+    pairs = env.forward_request(game).parse(reply)
+    for text, answer in pairs:
+        game.step(text, answer)
+    assert game.success and records(game.state) == [{"action": t["action"], "observation": t["observation"]} for t in row["turns"]]
+    # What the format cannot write is refused with the action named, never written otherwise.
+    game = env.game(b)
+    game.restore(row["turns"][:2])
+    offer_at = next(i for i, t in enumerate(row["turns"]) if "CAR INDEX: 2" in t["action"])
+    miscopied = [dict(t) for t in row["turns"]]
+    miscopied[offer_at]["action"] = miscopied[offer_at]["action"].replace("PROPOSED CAR MSRP: 70000", "PROPOSED CAR MSRP: 60000")
+    with pytest.raises(ValueError, match=f"logged action {offer_at + 1}: the reply's car 2 is not copied from the list shown"):
+        env.forward_reply(game, miscopied[2:])
+    sloppy = [dict(t) for t in row["turns"]]
+    sloppy[2]["reason"] = ""  # an unparseable call, logged as a no_op without a reason
+    with pytest.raises(ValueError, match="logged action 3 did not follow the seller's format"):
+        env.forward_reply(game, sloppy[2:])
+    # A continuation that stops early is the parser's unfinished: an answer, not a parse failure.
+    with pytest.raises(Unfinished, match="before the game ends"):
+        env.forward_request(game).parse("```json\n" + json.dumps(items[:2]) + "\n```")
 
 
 def test_registered_with_its_options(env):

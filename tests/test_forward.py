@@ -19,7 +19,7 @@ from storage.validate import read_checked
 from tasks.forward import cuts, example, hard_dialogues, run_forward
 from tasks.params import Params
 from tasks.regenerate import forward_models, run_regenerate, uses_hard_model
-from tasks.rollout import ScriptedAgent, new_episode, play
+from tasks.rollout import ScriptedAgent, episode_from_prefix, new_episode, play
 
 NOISE = {"p_random": 0.15, "p_repeat": 0.10, "p_early_guess": 0.10}
 FINISHED = "AI: Would you give just $1 today?\nH: Fine, I'll give $1.\nDecision: donate $1"
@@ -62,6 +62,36 @@ def test_the_logged_rest_is_a_reply_the_forward_parser_reads_back(env):
         assert "Continue it from the worker's message number" in chat[-2]["content"]
     assert cuts(row, None, 0) == list(range(1, row["num_turns"]))
     assert len(cuts(row, 1, 0)) == 1 and cuts(row, 1, 0) == cuts(row, 1, 0)
+
+
+@pytest.mark.parametrize("name", ["twenty_questions", "guess_my_city", "car_dealer", "persuasion"])
+def test_every_environments_logged_rest_round_trips_through_its_forward_parser(name):
+    # The training target is right only if the parser reads it back as exactly the logged turns:
+    # the same actions, what the other side said, the rewards, and the game ending at the last.
+    if name not in registry.available():
+        pytest.skip(f"the {name} entry point is not installed (pip install -e .)")
+    env = registry.make(name, {})
+    tasks = env.tasks("train")[:: max(1, len(env.tasks("train")) // 6)][:6]
+    checked, refused = 0, Counter()
+    for policy in ("expert", "noisy", "random"):
+        eps = [new_episode(env, t, k) for k, t in enumerate(tasks)]
+        play(eps, ScriptedAgent(lambda rng, n=policy: env.policies(NOISE)[n]), 0, "test")
+        for row in (ep.to_row() for ep in eps):
+            for k in range(1, row["num_turns"]):
+                ep = episode_from_prefix(env, row, k, 0)
+                try:  # a logged turn the format cannot write, or one the parser refuses (a lucky early guess): left out, and why
+                    pairs = env.forward_request(ep.game).parse(env.forward_reply(ep.game, row["turns"][k:]))
+                except ValueError as e:
+                    assert policy != "expert", e
+                    refused[str(e)[:60]] += 1
+                    continue
+                for text, answer in pairs:
+                    ep.apply(text, answer)
+                assert ep.game.done
+                logged = [{k: t[k] for k in ("action", "observation", "reward")} for t in row["turns"][k:]]
+                assert [{k: t[k] for k in ("action", "observation", "reward")} for t in ep.turns[k:]] == logged, (name, policy, k)
+                checked += 1
+    assert checked > 3 * sum(refused.values()), refused  # most logged rests are writable
 
 
 def test_the_hard_model_learns_from_the_lowest_returns():

@@ -300,6 +300,9 @@ class CarDealer(Environment):
         start = game.state.fork()
         return Request(llm_roles.forward_prompt(self.catalog, start), lambda text: llm_roles.parse_continuation(text, start.fork()))
 
+    def forward_reply(self, game: CarDealerGame, turns) -> str:
+        return llm_roles.continuation_reply(game.state, turns)
+
     def labeler_request(self, turns, examples) -> Request[float]:
         low, high = self.reward_range
         return Request(llm_roles.labeler_prompt(turns, examples, low, high), lambda text: llm_roles.parse_reward(text, low, high))

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import jinja2
 
-from envs.base import Counterfactual
+from envs.base import Counterfactual, Unfinished
 from envs.rubric import Rubric
 
-from .buyer import PRICE_SLACK, BuyerReply
+from .buyer import PRICE_SLACK, BuyerReply, read_observation
 from .data import Car, Catalog, all_cars
-from .format import ActionParseError, api_body, is_api, parse_api, parse_reply, render, reply_body
+from .format import ActionParseError, Reply, api_body, is_api, parse_api, parse_reply, render, reply_body
 from .game import Dealership
 from .reward import over_discount
 from .tools import API_NAMES, ApiCall, car_line
@@ -341,8 +341,57 @@ def parse_continuation(text: str, state: Dealership) -> list[tuple[str, BuyerRep
         state.answer(reply, answer)
         out.append((render(reply.reason, reply_body(reply.response, reply.car_index, reply.copied)), answer))
     if not state.done:
-        raise ValueError(f"the continuation stops after {len(out)} actions, before the game ends")
+        raise Unfinished(f"the continuation stops after {len(out)} actions, before the game ends")
     return out
+
+
+def continuation_reply(state: Dealership, turns: Sequence[Mapping]) -> str:
+    """The logged actions after `state` (turn records: reason, action body, observation) as the
+    continuation parse_continuation reads back as them: one JSON object per seller action, the
+    buyer's answer and decision from the logged observation. The format cannot write every
+    logged action, and then this raises ValueError saying which: an action that did not follow
+    the seller's format (no reason), a reply whose copied car is not the listed car it numbers
+    (the format names a car, the parser numbers it from the list), or a buyer answer the parser
+    would read otherwise (empty, or on several lines)."""
+    state = state.fork()  # replayed on a copy: each reply's car is checked against the list then shown
+    items: list[dict] = []
+    for t in turns:
+        where = f"logged action {state.actions + 1}"
+        if state.done:
+            raise ValueError(f"{where} comes after the game ended")
+        reason = " ".join(str(t.get("reason") or "").split())
+        if not reason:
+            raise ValueError(f"{where} did not follow the seller's format (no reason): the continuation has no way to write it")
+        text = render("", t["action"])
+        if state.phase == "api":
+            call = parse_api(text).call
+            items.append({"api_call": {"api_name": call.name, "api_brand": call.brand, "api_type": call.type, "api_features": list(call.features)},
+                          "seller_reason": reason})
+            api_call(items[-1]["api_call"], where)  # a call the database ran that the parser refuses (a search without its arguments)
+            state.call(call)
+            continue
+        reply = parse_reply(text)
+        cars = state.listing.cars if state.listing else ()
+        car = None
+        if reply.car_index:
+            car = cars[reply.car_index - 1] if reply.car_index <= len(cars) else None
+            if car is None or reply.copied is None or (reply.copied.key, reply.copied.msrp) != (car.key, car.msrp):
+                raise ValueError(f"{where}: the reply's car {reply.car_index} is not copied from the list shown, which the continuation cannot write")
+            if next(c for c in cars if c.key == car.key) is not car:
+                raise ValueError(f"{where}: car {reply.car_index} has the details of an earlier car of the list, which the continuation would name instead")
+        elif reply.copied is not None:
+            raise ValueError(f"{where}: the reply copies a car's details without numbering one, which the continuation cannot write")
+        heard = read_observation(t["observation"])
+        if not heard.answer.strip() or " ".join(heard.answer.split()) != heard.answer:
+            raise ValueError(f"{where}: the buyer's answer is empty or not on one line, which the continuation would read otherwise")
+        items.append({
+            "response": reply.response,
+            "car": {"brand": car.brand, "type": car.type, "features": list(car.features)} if car else None,
+            "seller_reason": reason,
+            "buyer": {"answer": heard.answer, "decision": (heard.decision or "negotiate").capitalize(), "price": heard.price},
+        })
+        state.answer(Reply(reason, reply.response, reply.car_index, reply.copied), heard)
+    return "```json\n[\n" + ",\n".join(json.dumps(item) for item in items) + "\n]\n```"
 
 
 # ---- few-shot reward labeler (HR) ----
