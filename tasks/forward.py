@@ -19,6 +19,11 @@ regenerations drift toward the average user). Here both are the base model fine-
 - `dialogues` samples that many train dialogues (HR: 100 per dataset); null: every one.
 - With no example left for a model, it is the base model, and metrics say why (as train keeps
   the base model for a method with no rows).
+- Nothing is trained when no role serves the models (roles.forward.backend is not `learned`; the
+  default, `policy`, is HOPE's regeneration): the logged dialogues are still read and checked,
+  `models/` holds only NOT_TRAINED.txt saying why (no model directory a reader could load), and
+  metrics.json says `trained: false` with the reason. Setting the backend to `learned` changes
+  this stage's params, so DVC runs it again and it trains.
 
 Fidelity. A `heldout_share` of the logged train dialogues (by a hash of seed and trajectory)
 stays out of both training sets. Each is cut once (seeded) and completed by each model, served as
@@ -36,6 +41,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from collections import Counter
@@ -84,14 +90,38 @@ def hard_dialogues(rows: list[dict], fraction: float, seed: int) -> list[dict]:
     return ranked[: max(1, round(fraction * len(rows)))] if rows else []
 
 
+NOT_TRAINED = "NOT_TRAINED.txt"  # what models/ holds when no role serves the forward models
+
+
+def skip_reason(params: Params) -> str | None:
+    """Why the forward models are not trained (no role serves them), or None: they are."""
+    backend = params.roles.forward.backend
+    if backend == "learned":
+        return None
+    return f"roles.forward.backend is {backend}, not learned: no role serves the forward models, so none was trained"
+
+
 def run_forward(params: Params, trajectories: Path, out_dir: Path) -> dict:
-    """Writes out_dir/model and out_dir/hard_model (causal LM directories with their tokenizer),
-    out_dir/loss.json, out_dir/metrics.json and out_dir/quarantine.parquet."""
+    """Writes out_dir/models/model and out_dir/models/hard_model (causal LM directories with their
+    tokenizer), out_dir/loss.json, out_dir/metrics.json and out_dir/quarantine.parquet. When no
+    role serves them (skip_reason), out_dir/models holds only NOT_TRAINED.txt, and metrics say so."""
     t0 = time.time()
     f, env = params.forward, params.env.environment()
     inputs = StageInputs()
     logged = [t for t in from_table(inputs.read(trajectories, "trajectories")) if t["split"] == "train" and t["source"] != "regeneration"]
     logged.sort(key=lambda t: t["trajectory_id"])
+    models = out_dir / "models"
+    if models.exists():
+        shutil.rmtree(models)  # a rerun never leaves a model of an earlier run beside the note, or the note beside models
+    if (why := skip_reason(params)) is not None:
+        print(f"forward: {why}", flush=True)
+        models.mkdir(parents=True)
+        (models / NOT_TRAINED).write_text(f"{why}.\nSet roles.forward to {{backend: learned, model: data/forward/models/model, ...}} to train them.\n")
+        (out_dir / "loss.json").write_text("[]\n")
+        metrics = {"inputs": inputs.write(out_dir), "trained": False, "skipped": why, "dialogues": {"logged_train": len(logged)},
+                   "seconds": round(time.time() - t0, 1)}
+        (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        return metrics
     if f.dialogues is not None and f.dialogues < len(logged):  # HR: 100 randomly sampled dialogues
         logged = sorted(logged, key=lambda t: share_hash(params.seed, "forward-sample", t["trajectory_id"]))[: f.dialogues]
     held = [t for t in logged if share_hash(params.seed, "forward-heldout", t["trajectory_id"]) < f.heldout_share]
@@ -133,16 +163,16 @@ def run_forward(params: Params, trajectories: Path, out_dir: Path) -> dict:
     for name, epochs in (("model", f.epochs), ("hard_model", f.hard_epochs)):
         set_seed(params.seed)
         model = AutoModelForCausalLM.from_pretrained(f.base_model, dtype=torch.float32)  # both from the same base weights
-        out_dir.mkdir(parents=True, exist_ok=True)
+        models.mkdir(parents=True, exist_ok=True)
         if not sets[name]:  # as train does for a method with no rows: the base model, and the reason
             print(f"forward: no example for the {name} ({why_none}); it is the base model", flush=True)
-            _save(model, tokenizer, out_dir / name, True)
+            _save(model, tokenizer, models / name, True)
             trained[name] = {"examples": 0, "skipped": f"no example ({why_none}): the base model"}
             continue
         print(f"forward: {name}, {epochs:g} epochs at lr {f.learning_rate:g} on {len(sets[name])} examples", flush=True)
         points = train_sft(model, tokenizer, sets[name], epochs=epochs, learning_rate=f.learning_rate, seed=params.seed, **kwargs)
         curve.extend({"model": name, "step": p["step"], "loss": p["loss"]} for p in points)
-        _save(model, tokenizer, out_dir / name, True)
+        _save(model, tokenizer, models / name, True)
         trained[name] = {"examples": len(sets[name]), "epochs": epochs, "final_loss": points[-1]["loss"] if points else None}
         del model
     (out_dir / "loss.json").write_text(json.dumps(curve) + "\n")
@@ -156,8 +186,9 @@ def run_forward(params: Params, trajectories: Path, out_dir: Path) -> dict:
         "examples_refused": sum(refused.values()),
         **({"refused_reasons": [[n, why] for why, n in refused.most_common(TOP_REASONS)]} if refused else {}),
         **{k: counts[k] for k in ("examples_too_long", "dialogues_too_short")},
-        "trained": trained,
-        "fidelity": {name: fidelity(params, env, held, out_dir / name) for name in ("model", "hard_model")},
+        "trained": True,
+        "models": trained,
+        "fidelity": {name: fidelity(params, env, held, models / name) for name in ("model", "hard_model")},
         "seconds": round(time.time() - t0, 1),
     }
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")

@@ -110,9 +110,9 @@ class ForwardRole(RoleParams):
             raise ValueError("the forward role has no oracle; use backend: policy")
         if self.backend == "learned":
             if not self.model:
-                raise ValueError("backend learned needs a model (the forward stage's: data/forward/model)")
+                raise ValueError("backend learned needs a model (the forward stage's: data/forward/models/model)")
             if self.hard_share > 0 and not self.hard_model:
-                raise ValueError(f"hard_share {self.hard_share:g} needs a hard_model (the forward stage's: data/forward/hard_model)")
+                raise ValueError(f"hard_share {self.hard_share:g} needs a hard_model (the forward stage's: data/forward/models/hard_model)")
         elif self.hard_model is not None or self.hard_share:
             raise ValueError(f"hard_model and hard_share apply to backend learned only, not {self.backend}")
         return self

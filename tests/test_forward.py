@@ -212,7 +212,7 @@ def persuasion_base(env, tmp_path_factory):
 def test_the_forward_stage_trains_both_models_and_measures_their_fidelity_on_held_out_prefixes(env, tmp_path, persuasion_base):
     rows = dialogues(env, 24)
     write_table(to_table(rows, "trajectories"), tmp_path / "trajectories.parquet", "trajectories")
-    role = {"backend": "learned", "model": str(tmp_path / "fwd/model"), "hard_model": str(tmp_path / "fwd/hard_model"), "hard_share": 0.25,
+    role = {"backend": "learned", "model": str(tmp_path / "fwd/models/model"), "hard_model": str(tmp_path / "fwd/models/hard_model"), "hard_share": 0.25,
             "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 48}, "parse_attempts": 1, "max_failure_rate": 1.0}
     p = persuasion_params(tmp_path, role, forward={"base_model": str(persuasion_base), "cuts_per_dialogue": 1, "epochs": 1, "hard_epochs": 1,
                                                    "heldout_share": 0.2, "batch_size": 4})
@@ -221,10 +221,12 @@ def test_the_forward_stage_trains_both_models_and_measures_their_fidelity_on_hel
     assert d["logged_train"] == 24 and d["train"] + d["heldout"] == 24 and d["heldout"] > 0
     assert d["hard"] == round(0.25 * d["train"]) and d["hard_return_cutoff"] <= sorted(r["return"] for r in rows)[d["hard"] + d["heldout"]]
     # One cut per dialogue of two turns or more: each an example, or left out and counted.
-    assert m["trained"]["model"]["examples"] + m["examples_refused"] + m["examples_too_long"] == d["train"] - m["dialogues_too_short"]
-    assert m["trained"]["model"]["examples"] > m["trained"]["hard_model"]["examples"] > 0
+    assert m["trained"] is True and "skipped" not in m
+    assert m["models"]["model"]["examples"] + m["examples_refused"] + m["examples_too_long"] == d["train"] - m["dialogues_too_short"]
+    assert m["models"]["model"]["examples"] > m["models"]["hard_model"]["examples"] > 0
+    assert sorted(p.name for p in (tmp_path / "fwd/models").iterdir()) == ["hard_model", "model"]
     for name in ("model", "hard_model"):
-        assert (tmp_path / "fwd" / name / "config.json").exists()
+        assert (tmp_path / "fwd/models" / name / "config.json").exists()
         f = m["fidelity"][name]
         # An untrained model finishes no dialogue: every prefix is counted, none is silently lost.
         assert 0 < f["prefixes"] == f["calls"]["requests"] <= d["heldout"]  # a one-turn dialogue has no prefix to complete
@@ -246,3 +248,29 @@ def test_the_forward_stage_trains_both_models_and_measures_their_fidelity_on_hel
     dropped = read_table(tmp_path / "regen/dropped.parquet").to_pylist()
     assert len(dropped) == g["dropped_rows"] and all(r["reason"] and r["status"] in ("unfinished", "invalid", "failed") for r in dropped)
     assert Counter(r["forward_model"] for r in dropped).keys() <= {"model", "hard_model"}
+
+
+def test_the_forward_stage_trains_nothing_when_no_role_serves_the_models(env, tmp_path, persuasion_base, monkeypatch):
+    # The default regenerate (roles.forward.backend: policy) never loads them: the stage checks
+    # its input and says why it trained nothing, and leaves nothing a reader could load as a model.
+    import tasks.forward as forward
+
+    rows = dialogues(env, 8)
+    write_table(to_table(rows, "trajectories"), tmp_path / "trajectories.parquet", "trajectories")
+    out = tmp_path / "fwd"
+    (out / "models/model").mkdir(parents=True)  # a model an earlier run trained is not left behind
+    (out / "models/model/config.json").write_text("{}")
+    monkeypatch.setattr(forward, "train_sft", lambda *a, **k: pytest.fail("trained with no role to serve the model"))
+    p = persuasion_params(tmp_path, forward={"base_model": str(persuasion_base)})
+    assert p.roles.forward.backend == "policy"
+    m = run_forward(p, tmp_path / "trajectories.parquet", out)
+    assert m["trained"] is False and "roles.forward.backend is policy, not learned" in m["skipped"]
+    assert "models" not in m and "fidelity" not in m and m["dialogues"]["logged_train"] == 8
+    assert [f.name for f in (out / "models").iterdir()] == ["NOT_TRAINED.txt"]
+    assert "backend: learned" in (out / "models/NOT_TRAINED.txt").read_text()
+    assert json.loads((out / "metrics.json").read_text())["trained"] is False
+    assert json.loads((out / "loss.json").read_text()) == [] and read_table(out / "quarantine.parquet").num_rows == 0
+    # The same inputs and params write the same bytes (DVC sees nothing new on a rerun).
+    before = {f.name: f.read_bytes() for f in (out / "models").iterdir()}
+    run_forward(p, tmp_path / "trajectories.parquet", out)
+    assert {f.name: f.read_bytes() for f in (out / "models").iterdir()} == before

@@ -165,7 +165,7 @@ def test_behaviour_mix_takes_any_policy_the_environment_offers_and_names_an_unkn
     "entry, message",
     [
         ({"backend": "learned"}, r"backend learned needs a model"),
-        ({"backend": "learned", "model": "data/forward/model", "hard_share": 0.2}, r"hard_share 0.2 needs a hard_model"),
+        ({"backend": "learned", "model": "data/forward/models/model", "hard_share": 0.2}, r"hard_share 0.2 needs a hard_model"),
         ({"backend": "learned", "model": "m", "hard_model": "h", "hard_share": 1.5}, r"roles\.forward\.hard_share"),
         ({"backend": "policy", "hard_share": 0.2}, r"apply to backend learned only"),
     ],
@@ -176,6 +176,6 @@ def test_the_learned_forward_role_is_checked(tmp_path, entry, message):
 
 
 def test_the_learned_forward_role_and_the_forward_stage_load(tmp_path):
-    entry = {"backend": "learned", "model": "data/forward/model", "hard_model": "data/forward/hard_model", "hard_share": 0.2}
+    entry = {"backend": "learned", "model": "data/forward/models/model", "hard_model": "data/forward/models/hard_model", "hard_share": 0.2}
     p = load_params(_write(tmp_path, lambda r: r["roles"].update(forward=entry)))
     assert p.roles.forward.hard_share == 0.2 and p.forward.hard_fraction == 0.25

@@ -62,6 +62,9 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace,
     assert json.loads(status.stdout) == {}
     lock = yaml.safe_load((project / "dvc.lock").read_text())
     assert set(lock["stages"]) == set(STAGES)
+    # The default regenerate (roles.forward.backend: policy) serves no forward model: none is trained.
+    assert json.loads((project / "data/forward/metrics.json").read_text())["trained"] is False
+    assert [f.name for f in (project / "data/forward/models").iterdir()] == ["NOT_TRAINED.txt"]
     assert pq.read_table(project / "data/summarize/summaries.parquet").num_rows == table.num_rows
     relabels = pq.read_table(project / "data/relabel/relabels.parquet")
     regens = pq.read_table(project / "data/regenerate/trajectories.parquet")
