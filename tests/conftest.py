@@ -30,7 +30,9 @@ TINY = {
         "eval_splits": ["train"],
         "eval_sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 48},  # >= its longest scripted action
         "tokenizer": {"vocab_size": 600},
-        "model": {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "head_dim": 64, "intermediate_size": 128, "max_length": 1024},
+        # 2048 positions: at this vocabulary the proposer's prompt (its rules alone ~560 tokens) with
+        # a site's two counterfactuals runs to ~1100 tokens, and at 1024 every site was too long
+        "model": {"hidden_size": 64, "num_layers": 1, "num_heads": 1, "head_dim": 64, "intermediate_size": 128, "max_length": 2048},
         "train": {"epochs": 1, "batch_size": 8, "learning_rate": 3.0e-3, "warmup_ratio": 0.0, "weight_decay": 0.0},
     },
     "collect": {"splits": ["train", "val"], "m": 2, "limit_tasks": 3, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},

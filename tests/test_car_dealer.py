@@ -735,7 +735,8 @@ def test_bootstrap_and_collect_store_car_dealer_trajectories(tmp_path):
     from tasks.params import Params
 
     tokens = {"max_new_tokens": 100}  # the longest scripted action (97 tokens on this tokenizer) fits
-    raw = tiny_params({"bootstrap": {"facts_per_object": 0, "eval_sampling": tokens}, "collect": {"splits": ["train"], "m": 1, "limit_tasks": 2}})
+    raw = tiny_params({"bootstrap": {"facts_per_object": 0, "eval_sampling": tokens, "model": {"max_length": 1024}},  # positions some dialogues outgrow
+                       "collect": {"splits": ["train"], "m": 1, "limit_tasks": 2}})
     raw["env"] = {"name": "car_dealer"}
     p = Params.model_validate(raw)
     m = run_bootstrap(p, tmp_path / "bootstrap")
