@@ -47,6 +47,16 @@ def test_a_presets_arms_replace_the_params_arms_and_other_keys_merge():
     assert raw == {"collect": {"m": 14, "batch_size": 512}, "train": {"epochs": 2, "methods": {"b": {"algorithm": "refit"}}}}
 
 
+def test_the_reproduction_preset_is_valid_params():
+    """The preset the README's command uses validates as params once laid over params.yaml."""
+    from tasks.params import Params
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    hindsight_repro.merge(raw, yaml.safe_load((ROOT / "bench/presets/hope_20q.yaml").read_text()))
+    p = Params.model_validate(raw)
+    assert p.env.environment().options.observation == "known" and p.bootstrap.demo_splits == ["train"]
+
+
 @pytest.mark.system
 
 def test_repro_bench_small(tmp_path):
