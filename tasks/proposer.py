@@ -128,13 +128,17 @@ def run_proposer(params: Params, relabels: Path, trajectory_files: list[Path], s
             counts["sites_too_long"] += 1
             continue
         (held if heldout(site["key"], params.seed, p.heldout_share) else train).append(site)
+    untrained = None
     if not train:
-        raise ValueError(
+        # As the actor without pairs: the stage keeps the base model and says why, so a pipeline
+        # whose dialogues outgrow the model's context (CarDealer on the tiny default) runs on.
+        untrained = (
             f"{relabels}: no relabel site to train the proposer on ({len(rows)} ok counterfactuals at {len(by_site)} sites; "
             f"{len(held)} held out, {counts['sites_too_long']} longer than the model's {context} positions, "
             f"{counts['sites_all_refused']} whose every counterfactual the proposer's parser refuses, "
-            f"{counts['sites_without_summary']} whose trajectory has no summary in {summaries})"
+            f"{counts['sites_without_summary']} whose trajectory has no summary in {summaries}): the proposer is the base model"
         )
+        print(f"proposer: {untrained}", flush=True)
     phase2 = []  # (site, example) with the site's successful counterfactuals alone
     for site in (s for s in train if s["successful"]):
         example = encode(site, site["successful"])
@@ -155,8 +159,10 @@ def run_proposer(params: Params, relabels: Path, trajectory_files: list[Path], s
                 "final_loss": points[-1]["loss"] if points else None}
 
     curve: list[dict] = []
-    phases = {"1": phase(1, [(s, s["example"]) for s in train], p.epochs, p.learning_rate, "proposals")}
-    if phase2 and p.success_epochs > 0:
+    phases = {"1": phase(1, [(s, s["example"]) for s in train], p.epochs, p.learning_rate, "proposals")} if train else {"1": {"sites": 0, "skipped": "no site"}}
+    if not train:
+        phases["2"] = {"sites": 0, "skipped": "no site"}
+    elif phase2 and p.success_epochs > 0:
         phases["2"] = phase(2, phase2, p.success_epochs, p.success_learning_rate, "successful")
     else:
         why = "success_epochs is 0" if phase2 else "no training site has a counterfactual whose regeneration succeeded"
@@ -176,6 +182,7 @@ def run_proposer(params: Params, relabels: Path, trajectory_files: list[Path], s
         **({"refused_reasons": [[n, why] for why, n in refused.most_common(TOP_REASONS)]} if refused else {}),
         **{k: counts[k] for k in ("sites_without_summary", "sites_all_refused", "sites_too_long", "success_sites_too_long")},
         "phases": phases,
+        **({"untrained": untrained} if untrained else {}),
         "heldout": evaluate(params, env, held, out_dir / "model"),
         "seconds": round(time.time() - t0, 1),
     }

@@ -190,11 +190,19 @@ def test_without_a_successful_regeneration_phase_2_is_skipped(chain, tmp_path):
     assert m["heldout"] == {"sites": 0} and m["phases"]["1"]["sites"] == m["sites"]
 
 
-def test_no_site_to_train_on_is_an_error_naming_the_file(chain, tmp_path):
+def test_no_site_to_train_on_keeps_the_base_model_and_says_why(chain, tmp_path):
+    """As the actor without pairs: the base model stays the proposer, and metrics say why."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
     rows = [{**r, "status": "failed", "reason": "x"} for r in read_table(chain / "relabels.parquet").to_pylist()]
     write_table(to_table(rows, "relabels"), tmp_path / "relabels.parquet", "relabels")
-    with pytest.raises(ValueError, match=r"relabels.parquet: no relabel site to train the proposer on \(0 ok counterfactuals"):
-        stage.run_proposer(stage_params(chain), tmp_path / "relabels.parquet", [chain / "collect.parquet"], chain / "summaries.parquet", tmp_path / "out")
+    params = stage_params(chain)
+    m = stage.run_proposer(params, tmp_path / "relabels.parquet", [chain / "collect.parquet"], chain / "summaries.parquet", tmp_path / "out")
+    assert m["untrained"].startswith(f"{tmp_path / 'relabels.parquet'}: no relabel site to train the proposer on (0 ok counterfactuals")
+    assert m["phases"] == {"1": {"sites": 0, "skipped": "no site"}, "2": {"sites": 0, "skipped": "no site"}}
+    saved, base = (AutoModelForCausalLM.from_pretrained(d) for d in (tmp_path / "out/model", params.proposer.base_model))
+    assert all(torch.equal(a, b) for a, b in zip(saved.state_dict().values(), base.state_dict().values()))
 
 
 def test_a_rerun_writes_the_same_model(chain, trained, tmp_path):
