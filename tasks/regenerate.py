@@ -86,18 +86,17 @@ def forward_llm(params: Params, episodes: list[Episode], env: Environment) -> tu
     dropped, calls, outcomes_all = [], {}, []
     for name, every in forward_models(params, episodes).items():
         group = [ep for ep in every if not ep.done]
-        if not every:
-            continue
+        if not every and name == "hard_model":
+            continue  # the main model is accounted for even with nothing to write (its cache shows)
         path = getattr(role, name)
         served = role.model_copy(update={"backend": "hf"}) if role.backend == "learned" else role
         gen = make_generator(served, params.cache.path, model=path)
         for ep in every:  # one that ended at the branch too: the model that would have gone on
             ep.policy_id = f"forward:{gen.model_id}"
-        if not group:
-            continue
         requests = [env.forward_request(ep.game) for ep in group]
         seeds = [derive_seed(role.seed, "forward", ep.relabel_id) for ep in group]
-        outcomes = call_requests(gen, requests, seeds, role)
+        # Every game may have ended at its branch: the model's accounting (its cache) still shows.
+        outcomes = call_requests(gen, requests, seeds, role) if group else []
         outcomes_all += outcomes
         calls[name] = account(outcomes, gen)
         for ep, o in zip(group, outcomes):
