@@ -101,11 +101,10 @@ def _json_block(text: str) -> str:
     return text[start : end + 1]
 
 
-def parse_proposals(text: str, n: int, hidden: Mapping[str, Iterable[str]]) -> list[LLMProposal]:
-    """Up to n proposals. The question must be one line; the player's reason must name none of
-    the `hidden` words (what it is, e.g. "secret", to its names): it enters the policy's action,
-    and only the teacher may use hindsight."""
-    no_echo(text)
+def proposal_items(text: str, n: int, keys: Sequence[str]) -> list[tuple[dict, dict[str, str]]]:
+    """Up to n proposals of a proposer's JSON list (fenced or bare), each as (the item as given,
+    its `keys`' non-empty texts with whitespace collapsed); the environment checks the rest
+    (and first that the text does not echo its own prompt)."""
     try:
         items = json.loads(_json_block(text))
     except json.JSONDecodeError as e:
@@ -117,11 +116,22 @@ def parse_proposals(text: str, n: int, hidden: Mapping[str, Iterable[str]]) -> l
         if not isinstance(item, dict):
             raise ValueError(f"proposal {i}: expected an object, got {type(item).__name__}")
         fields = {}
-        for key in ("teacher_reason", "question", "player_reason"):
+        for key in keys:
             value = item.get(key)
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"proposal {i}: missing or empty {key!r}")
             fields[key] = " ".join(value.split())
+        out.append((item, fields))
+    return out
+
+
+def parse_proposals(text: str, n: int, hidden: Mapping[str, Iterable[str]]) -> list[LLMProposal]:
+    """Up to n proposals. The question must be one line; the player's reason must name none of
+    the `hidden` words (what it is, e.g. "secret", to its names): it enters the policy's action,
+    and only the teacher may use hindsight."""
+    no_echo(text)
+    out = []
+    for i, (item, fields) in enumerate(proposal_items(text, n, ("teacher_reason", "question", "player_reason"))):
         if len(fields["question"]) > 200 or "\n" in item["question"].strip():
             raise ValueError(f"proposal {i}: the question is not one short line")
         leaked = next((what for what, words in hidden.items() for w in words if re.search(rf"\b{re.escape(w)}\b", fields["player_reason"], re.I)), None)

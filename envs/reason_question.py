@@ -19,23 +19,30 @@ def render_action(reason: str, question: str) -> str:
     return f"REASON: {reason}\nQUESTION: {question}"
 
 
+def split_reason(text: str, field: str, error: type[ValueError] = ActionParseError) -> tuple[str, str]:
+    """(reason, rest) of "REASON: ...\\n<field>: ...": the reason with its whitespace collapsed,
+    the text after `field:` as it is. Shared by the two-field actions (QUESTION here, persuasion's
+    MESSAGE); `error` is the action format's own error class."""
+    start = text.find("REASON:")
+    if start < 0:
+        raise error("missing 'REASON:'")
+    if text[:start].strip():
+        raise error(f"unexpected text before 'REASON:': {text[:start].strip()[:40]!r}")
+    body = text[start + len("REASON:"):]
+    split = body.find(f"{field}:")
+    if split < 0:
+        raise error(f"missing '{field}:' after the reason")
+    return " ".join(body[:split].split()), body[split + len(field) + 1:]
+
+
 def parse_action(text: str) -> Action:
     """Parse "REASON: ...\\nQUESTION: ...". The reason may span lines (whitespace is collapsed);
     the question is the first non-empty line after QUESTION:, so trailing chatter is dropped."""
-    start = text.find("REASON:")
-    if start < 0:
-        raise ActionParseError("missing 'REASON:'")
-    if text[:start].strip():
-        raise ActionParseError(f"unexpected text before 'REASON:': {text[:start].strip()[:40]!r}")
-    body = text[start + len("REASON:"):]
-    split = body.find("QUESTION:")
-    if split < 0:
-        raise ActionParseError("missing 'QUESTION:' after the reason")
-    lines = [line.strip() for line in body[split + len("QUESTION:"):].splitlines()]
-    question = next((line for line in lines if line), "")
+    reason, rest = split_reason(text, "QUESTION")
+    question = next((line for line in (line.strip() for line in rest.splitlines()) if line), "")
     if not question:
         raise ActionParseError("empty question after 'QUESTION:'")
-    return Action(reason=" ".join(body[:split].split()), question=question)
+    return Action(reason=reason, question=question)
 
 
 class ReasonQuestionActions:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from envs.question_roles import Prompts
+from envs.reason_question import split_reason
 
 PROMPTS = Prompts(Path(__file__).parent / "prompts")
 MAX_MESSAGE_CHARS = 1000  # a message a donor would read in one turn
@@ -22,21 +23,13 @@ def render_action(reason: str, message: str) -> str:
 def parse_action(text: str) -> tuple[str, str]:
     """(reason, message) of "REASON: ...\\nMESSAGE: ...". Both may span lines (whitespace is
     collapsed); the message must say something and fit in MAX_MESSAGE_CHARS."""
-    start = text.find("REASON:")
-    if start < 0:
-        raise ActionParseError("missing 'REASON:'")
-    if text[:start].strip():
-        raise ActionParseError(f"unexpected text before 'REASON:': {text[:start].strip()[:40]!r}")
-    body = text[start + len("REASON:"):]
-    split = body.find("MESSAGE:")
-    if split < 0:
-        raise ActionParseError("missing 'MESSAGE:' after the reason")
-    message = " ".join(body[split + len("MESSAGE:"):].split())
+    reason, rest = split_reason(text, "MESSAGE", ActionParseError)
+    message = " ".join(rest.split())
     if not message:
         raise ActionParseError("empty message after 'MESSAGE:'")
     if len(message) > MAX_MESSAGE_CHARS:
         raise ActionParseError(f"message of {len(message)} characters, over {MAX_MESSAGE_CHARS}")
-    return " ".join(body[:split].split()), message
+    return reason, message
 
 
 def system_prompt(max_turns: int) -> str:

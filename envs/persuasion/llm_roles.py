@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from envs.base import Counterfactual, Request
 from envs.base import Unfinished as Unfinished_
-from envs.question_roles import parse_summary
+from envs.question_roles import parse_summary, proposal_items
 from envs.rubric import Rubric
 
 from .donor import OPENING, REACT, WARMTH, DonorReply, money, read_decision_line, read_observation
@@ -138,24 +138,8 @@ def summary_request(donor: Donor, max_turns: int, turns) -> Request[str]:
 
 def _proposals(text: str, n: int, replies: str) -> list[Counterfactual]:
     no_echo(text)
-    fenced = re.search(r"```(?:json)?\s*(.*?)```", text, re.S)
-    body = fenced.group(1) if fenced else text[text.find("["): text.rfind("]") + 1]
-    try:
-        items = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"JSON does not parse: {e.msg} at character {e.pos}") from None
-    if not isinstance(items, list) or not items:
-        raise ValueError("expected a non-empty JSON list of proposals")
     out = []
-    for i, item in enumerate(items[:n]):
-        if not isinstance(item, dict):
-            raise ValueError(f"proposal {i}: expected an object, got {type(item).__name__}")
-        fields = {}
-        for key in ("teacher_reason", "message", "persuader_reason"):
-            value = item.get(key)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"proposal {i}: missing or empty {key!r}")
-            fields[key] = " ".join(value.split())
+    for i, (_, fields) in enumerate(proposal_items(text, n, ("teacher_reason", "message", "persuader_reason"))):
         for key in ("message", "persuader_reason"):
             if why := leak(fields[key], replies):
                 raise ValueError(f"proposal {i}: the {key} {why}")
