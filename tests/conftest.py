@@ -45,6 +45,18 @@ TINY = {
 }
 
 
+# One short game in the chat format, and a lost one: the trainers' hand-made conversations.
+CONV = [
+    {"role": "system", "content": "You play twenty questions."},
+    {"role": "user", "content": "Turn 1 of 20. Ask a yes-no question."},
+    {"role": "assistant", "content": "REASON: Ask about animal.\nQUESTION: Is it an animal?"},
+    {"role": "user", "content": "Answer: yes. Turn 2 of 20."},
+    {"role": "assistant", "content": "REASON: Only Dog fits.\nQUESTION: Is it Dog?"},
+    {"role": "user", "content": "Answer: yes. You found it."},
+]
+SHORT = CONV[:3] + [{"role": "user", "content": "Answer: no. Game over."}]
+
+
 def deep_update(d: dict, u: dict) -> dict:
     for k, v in u.items():
         d[k] = deep_update(d.get(k, {}), v) if isinstance(v, dict) else v

@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from conftest import ROOT, project_env, stop_process, tiny_params
+from conftest import CONV, ROOT, SHORT, project_env, stop_process, tiny_params
 from test_actor import chain  # noqa: F401  (a fixture: scripted games, their summaries and buffer, a critic)
 
 from storage.parquet import write_table
@@ -22,15 +22,6 @@ from tasks.params import Params
 
 pytestmark = pytest.mark.system
 
-CONV = [
-    {"role": "system", "content": "You play twenty questions."},
-    {"role": "user", "content": "Turn 1 of 20. Ask a yes-no question."},
-    {"role": "assistant", "content": "REASON: Ask about animal.\nQUESTION: Is it an animal?"},
-    {"role": "user", "content": "Answer: yes. Turn 2 of 20."},
-    {"role": "assistant", "content": "REASON: Only Dog fits.\nQUESTION: Is it Dog?"},
-    {"role": "user", "content": "Answer: yes. You found it."},
-]
-SHORT = CONV[:3] + [{"role": "user", "content": "Answer: no. Game over."}]
 
 
 def _train_params(model: Path, nproc: int, batch_size: int) -> Params:

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import tiny_params
+from conftest import CONV, tiny_params
 from models.base import SamplingParams
 from models.hf import HFGenerator
 from models.ilql import IlqlForCausalLM, extract
@@ -96,14 +96,6 @@ def test_q_of_a_cut_action_gets_no_bellman_gradient():
     assert heads["v"].grad.tolist() == pytest.approx([-2 * 0.2 * (0.5 - v) / 4 for v in V.tolist()])
 
 
-CONV = [
-    {"role": "system", "content": "You play twenty questions."},
-    {"role": "user", "content": "Turn 1 of 20. Ask a yes-no question."},
-    {"role": "assistant", "content": "REASON: Ask about animal.\nQUESTION: Is it an animal?"},
-    {"role": "user", "content": "Answer: yes. Turn 2 of 20."},
-    {"role": "assistant", "content": "REASON: Only Dog fits.\nQUESTION: Is it Dog?"},
-    {"role": "user", "content": "Answer: yes. You found it."},
-]
 
 
 def test_only_agent_tokens_are_actions_on_a_real_chat(tiny_model_dir):

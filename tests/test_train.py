@@ -9,7 +9,7 @@ import torch
 from pydantic import ValidationError
 from transformers import Trainer, TrainingArguments
 
-from conftest import tiny_params
+from conftest import CONV, SHORT, tiny_params
 from models.tiny import make_model, train_tokenizer
 from storage.parquet import write_table
 from tasks.params import MethodParams, Params
@@ -17,15 +17,6 @@ from tasks.train import filtered_bc, training_rows
 from tasks.train.refit import RewardWeightedTrainer
 from tasks.train.sft import IGNORE, PadCollator, tokenize_chats
 
-CONV = [
-    {"role": "system", "content": "You play twenty questions."},
-    {"role": "user", "content": "Turn 1 of 20. Ask a yes-no question."},
-    {"role": "assistant", "content": "REASON: Ask about animal.\nQUESTION: Is it an animal?"},
-    {"role": "user", "content": "Answer: yes. Turn 2 of 20."},
-    {"role": "assistant", "content": "REASON: Only Dog fits.\nQUESTION: Is it Dog?"},
-    {"role": "user", "content": "Answer: yes. You found it."},
-]
-SHORT = CONV[:3] + [{"role": "user", "content": "Answer: no. Game over."}]
 
 
 @pytest.fixture(scope="module")
