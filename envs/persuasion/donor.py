@@ -191,6 +191,16 @@ def effects(donor: Donor, state: DonorState, reading: Reading, text: str, rng: r
     return out
 
 
+def refuse(donor: Donor, state: DonorState, said: list[str]) -> float | None:
+    """A refusal, counted: past the donor's limit it leaves with nothing ($0), else None."""
+    state.refusals += 1
+    state.last_refused = True
+    if state.refusals >= donor.max_refusals:
+        said.append("I'm done with this conversation. I won't donate anything.")
+        return 0.0
+    return None
+
+
 def respond(donor: Donor, state: DonorState, text: str, rng: random.Random) -> tuple[DonorReply, list[tuple[str, float]]]:
     """The donor's reply to one message; `state` is updated. Also returns the effects applied."""
     reading = recognise(text)
@@ -230,12 +240,8 @@ def respond(donor: Donor, state: DonorState, text: str, rng: random.Random) -> t
         g = offer(donor, state)
         a = reading.amount
         if g <= 0:
-            state.refusals += 1
-            state.last_refused = True
-            if state.refusals >= donor.max_refusals:
-                said.append("I'm done with this conversation. I won't donate anything.")
-                donation = 0.0
-            else:
+            donation = refuse(donor, state, said)
+            if donation is None:
                 said.append(rng.choice(["No, I don't want to donate.", "No thanks, not right now.", "I'd rather keep my money."]))
         elif a is None or a <= g:
             said.append(f"Sure, and I'll make it {money(g)}." if a is not None and g > a else f"Okay, I'll donate {money(g)}.")
@@ -246,11 +252,7 @@ def respond(donor: Donor, state: DonorState, text: str, rng: random.Random) -> t
         else:
             said.append(f"{money(a)}? That's way too much.")
             state.willingness = max(0.0, state.willingness + EFFECTS["pressure"][donor.persona] / 2)
-            state.refusals += 1
-            state.last_refused = True
-            if state.refusals >= donor.max_refusals:
-                said.append("I'm done with this conversation. I won't donate anything.")
-                donation = 0.0
+            donation = refuse(donor, state, said)
     else:
         state.last_refused = False
     if donation is None:
