@@ -286,8 +286,10 @@ class Environment(ABC):
     def summarize(self, task: Task, turns: Sequence[Mapping], success: bool) -> str:
         raise _missing(self, "oracle summarizer")
 
-    def propose(self, task: Task, prefix: Sequence[Mapping], n: int) -> list[Counterfactual]:
-        """Up to n distinct better actions after `prefix` (HOPE's pi_H)."""
+    def propose(self, task: Task, prefix: Sequence[Mapping], n: int, original: str | None = None) -> list[Counterfactual]:
+        """Up to n distinct better actions after `prefix` (HOPE's pi_H). Relabeling passes the action
+        the player took there as `original`; an oracle that can rank actions proposes only better
+        ones (TwentyQuestions), others may ignore it."""
         raise _missing(self, "oracle proposer")
 
     def critique(self, task: Task, turns: Sequence[Mapping], top: int) -> list[tuple[int, Counterfactual]]:

@@ -8,7 +8,8 @@ Two schemes, as the papers run them:
 - hr: one suggestion per dialogue: the controller names the top few turns to improve and one of
   them is chosen at random (HR App. B.1).
 A counterfactual equal to the original action (the environment's same_action) is dropped and
-counted. An LLM proposer's or controller's output the environment refuses (in TwentyQuestions,
+counted, and so is a site where the oracle proposer finds no action better than the player's
+(`no_better_action`). An LLM proposer's or controller's output the environment refuses (in TwentyQuestions,
 one that guesses the secret where the answers do not justify that guess) is sampled again, like
 any output it cannot use: the action enters the trajectory as the player's move.
 """
@@ -38,7 +39,7 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
     inputs = StageInputs()
     summary_of = {s["trajectory_id"]: s["summary"] for s in inputs.read(summaries, "summaries").to_pylist() if s["status"] == "ok"}
     trajs = [t for t in from_table(inputs.read(trajectories, "trajectories")) if t["split"] in r.splits]
-    keys = ("trajectories_relabelled", "skipped_no_summary", "empty_window", "no_place_to_improve", "timesteps", "proposed", "dropped_equal", "dropped_duplicate")
+    keys = ("trajectories_relabelled", "skipped_no_summary", "empty_window", "no_place_to_improve", "timesteps", "no_better_action", "proposed", "dropped_equal", "dropped_duplicate")
     counts = defaultdict(int, trajectories_in=len(trajs), **dict.fromkeys(keys, 0))
     by_task: dict[str, list[dict]] = defaultdict(list)
     for t in sorted(trajs, key=lambda t: t["trajectory_id"]):
@@ -130,8 +131,9 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
         metrics["calls"] = account(outcomes, gen)
     elif not llm:
         for traj, turn in sites:
-            proposals = env.propose(env.task(traj["task_id"]), traj["turns"][:turn], r.n)
+            proposals = env.propose(env.task(traj["task_id"]), traj["turns"][:turn], r.n, traj["turns"][turn]["action"])
             counts["proposed"] += len(proposals)
+            counts["no_better_action"] += not proposals
             for rank, proposal in enumerate(proposals):
                 emit(traj, turn, rank, proposal)
     else:

@@ -12,7 +12,7 @@ from envs.twenty_questions.format import parse_action, render_action
 from envs.twenty_questions.kb import load_kb
 from envs.twenty_questions.labeler import label_trajectory
 from envs.twenty_questions.policies import ExpertPolicy, NoisyPolicy, PlayerView, consistent, only_fits
-from envs.twenty_questions.proposer import OracleProposer, justified_guess, same_action, unjustified_guess
+from envs.twenty_questions.proposer import OracleProposer, justified_guess, same_action, unjustified_guess, worth
 from storage.parquet import read_table, write_table
 from storage.schema import to_table
 from tasks.label import run_label
@@ -121,23 +121,36 @@ def test_one_object_left_is_guessed_before_the_last_turn():
     assert p.action.reason == only_fits(KB, played, "Lion")  # the list of what the answers established, as the expert writes it
 
 
-def test_before_the_last_turn_the_proposer_asks_and_hindsight_breaks_ties():
-    # After "a vehicle: yes", three questions split the eight vehicles equally well; for each
-    # secret the first proposal is the one whose answer leaves it the fewest objects.
+def test_before_the_last_turn_the_proposer_asks_and_ties_go_in_the_experts_order():
+    # After "a vehicle: yes", three questions split the eight vehicles equally well. Which side
+    # the secret is on does not order them: every secret gets the expert's order.
     proposer, expert = OracleProposer(KB), ExpertPolicy(KB)
     view = PlayerView(TRAIN, [("Is it a vehicle?", "yes")], 1, 20)
     left = consistent(KB, view)
     tied = expert.best_questions(left, view.history)
     assert len(tied) == 3
-    firsts = set()
     for secret in left:
         proposals = proposer.propose(secret, view, 3)
-        assert all(KB.resolve_guess(p.action.question) is None and KB.match_question(p.action.question) for p in proposals)
-        fewest = min(proposer.remaining(secret, view, q.text) for q in tied)
-        first = KB.match_question(proposals[0].action.question)
-        assert first in tied and proposer.remaining(secret, view, first.text) == fewest
-        firsts.add(first)
-    assert len(firsts) > 1  # the order depends on the secret: hindsight chose it
+        assert [KB.match_question(p.action.question) for p in proposals] == tied
+        assert proposals[0].action.question == expert.act(view, random.Random(0)).question
+
+
+def test_the_proposer_only_proposes_what_is_worth_more_than_the_players_action():
+    proposer = OracleProposer(KB)
+    view = PlayerView(TRAIN, [("Is it a vehicle?", "yes")], 1, 20)
+    secret = consistent(KB, view)[0]
+    tied = ExpertPolicy(KB).best_questions(consistent(KB, view), view.history)
+    # The player asked one of the most informative questions: hindsight has nothing better.
+    assert proposer.propose(secret, view, 3, tied[-1].text) == []
+    # A question that splits them worse, a repeat, or a guess: every proposal splits them better.
+    for played in ("Is it red?", "Is it a vehicle?", f"Is it {secret.name}?"):
+        proposals = proposer.propose(secret, view, 3, played)
+        assert proposals and all(worth(KB, view, p.action.question) > worth(KB, view, played) for p in proposals)
+    # On the forced last turn a guess of any object that fits is as good as the rule's pick.
+    last = PlayerView(TRAIN, ANIMAL, 1, 2)
+    assert proposer.propose(KB.get("Tiger"), last, 2, "Is it Bear?") == []
+    (p,) = proposer.propose(KB.get("Tiger"), last, 2, "Is it red?")
+    assert p.action.question == "Is it Cat?"
 
 
 def test_hr_critique_of_a_last_turn_with_several_objects_left_does_not_name_the_secret():
@@ -207,17 +220,26 @@ def test_relabel_hope_counts_and_drops_counterfactuals_equal_to_the_original(log
     assert (tmp_path / "relabels.parquet").read_bytes() == (tmp_path / "again/relabels.parquet").read_bytes()
 
 
-def test_a_counterfactual_the_player_already_took_is_dropped_and_counted(tmp_path):
-    # The expert asks maximally informative questions, so the proposer often names its own.
-    eps = [new_episode(twenty_questions(20), t, i) for i, t in enumerate(KB.split("train")[:3])]
-    play(eps, ScriptedAgent(lambda rng: Scripted(ExpertPolicy())), 0, "expert")
-    write_table(to_table([e.to_row() for e in eps], "trajectories"), tmp_path / "t.parquet", "trajectories")
-    run_summarize(params(), tmp_path / "t.parquet", tmp_path)
-    p = params(relabel={"window": [0.0, 1.0], "t": 20, "n": 3})
-    m = run_relabel(p, tmp_path / "t.parquet", tmp_path / "summaries.parquet", tmp_path / "r")
-    rows = read_table(tmp_path / "r/relabels.parquet", "relabels").to_pylist()
-    assert m["dropped_equal"] > 0 and m["proposed"] == len(rows) + m["dropped_equal"]
-    assert all(not same_action(KB, r["original_action"], r["counterfactual_action"]) for r in rows)
+def test_the_oracle_relabels_only_sites_where_a_better_action_exists(tmp_path):
+    # The expert's every action is as good as any: no site of its games gets a counterfactual.
+    # A noisy player's random questions do, and each counterfactual is worth more than its action.
+    def relabel(policy, out):
+        eps = [new_episode(twenty_questions(20), t, i) for i, t in enumerate(KB.split("train")[:3])]
+        play(eps, ScriptedAgent(lambda rng: Scripted(policy)), 0, policy.name)
+        write_table(to_table([e.to_row() for e in eps], "trajectories"), out / "t.parquet", "trajectories")
+        run_summarize(params(), out / "t.parquet", out)
+        m = run_relabel(params(relabel={"window": [0.0, 1.0], "t": 20, "n": 3}), out / "t.parquet", out / "summaries.parquet", out / "r")
+        return m, read_table(out / "r/relabels.parquet", "relabels").to_pylist(), {e.to_row()["trajectory_id"]: e.to_row() for e in eps}
+
+    (tmp_path / "e").mkdir(), (tmp_path / "n").mkdir()
+    m, rows, _ = relabel(ExpertPolicy(), tmp_path / "e")
+    assert m["timesteps"] > 0 and m["no_better_action"] == m["timesteps"] and rows == [] and m["proposed"] == 0
+    m, rows, eps = relabel(NoisyPolicy(p_random=0.5, p_repeat=0.0, p_early_guess=0.0), tmp_path / "n")
+    assert rows and 0 < m["no_better_action"] < m["timesteps"] and m["proposed"] == len(rows)
+    env = twenty_questions(20)
+    for r in rows:
+        view = env.view(env.task(r["task_id"]), eps[r["trajectory_id"]]["turns"][: r["branch_turn"]])
+        assert worth(KB, view, r["counterfactual_action"]) > worth(KB, view, r["original_action"])
 
 
 def test_relabel_hr_gives_at_most_one_suggestion_per_dialogue(logged, tmp_path):

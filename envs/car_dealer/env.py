@@ -264,7 +264,7 @@ class CarDealer(Environment):
     def summarize(self, task: Buyer, turns, success: bool) -> str:
         return roles.summarize(self.dealership(task, turns))
 
-    def propose(self, task: Buyer, prefix, n: int) -> list[Counterfactual]:
+    def propose(self, task: Buyer, prefix, n: int, original: str | None = None) -> list[Counterfactual]:
         return roles.propose(self.catalog, self.dealership(task, prefix), n)
 
     def critique(self, task: Buyer, turns, top: int) -> list[tuple[int, Counterfactual]]:

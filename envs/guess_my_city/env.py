@@ -192,7 +192,7 @@ class GuessMyCity(QuestionRoleRequests, ReasonQuestionActions, Environment):
     def summarize(self, task: City, turns, success: bool) -> str:
         return summarizer.summarize_game(self.oracle, task, history(turns), success, self.max_turns)
 
-    def propose(self, task: City, prefix, n: int) -> list[Counterfactual]:
+    def propose(self, task: City, prefix, n: int, original: str | None = None) -> list[Counterfactual]:
         return [self._counterfactual(p) for p in self.proposer.propose(task, self.view(prefix), n)]
 
     def critique(self, task: City, turns, top: int) -> list[tuple[int, Counterfactual]]:

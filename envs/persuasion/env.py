@@ -173,7 +173,7 @@ class Persuasion(Environment):
     def summarize(self, task: Donor, turns, success: bool) -> str:
         return roles.summarize(task, self.max_turns, turns)
 
-    def propose(self, task: Donor, prefix, n: int) -> list[Counterfactual]:
+    def propose(self, task: Donor, prefix, n: int, original: str | None = None) -> list[Counterfactual]:
         return roles.propose(self.conversation(task, prefix), n)
 
     def critique(self, task: Donor, turns, top: int) -> list[tuple[int, Counterfactual]]:

@@ -222,8 +222,8 @@ class TwentyQuestions(QuestionRoleRequests, ReasonQuestionActions, Environment):
     def summarize(self, task: Entity, turns, success: bool) -> str:
         return summarizer.summarize_game(self.kb, task, history(turns), success)
 
-    def propose(self, task: Entity, prefix, n: int) -> list[Counterfactual]:
-        return [self._counterfactual(p) for p in self.oracle.propose(task, self.view(task, prefix), n)]
+    def propose(self, task: Entity, prefix, n: int, original: str | None = None) -> list[Counterfactual]:
+        return [self._counterfactual(p) for p in self.oracle.propose(task, self.view(task, prefix), n, original)]
 
     def critique(self, task: Entity, turns, top: int) -> list[tuple[int, Counterfactual]]:
         places = self.oracle.critique(task, self.candidates(task.split), history(turns), self.max_turns, top)
