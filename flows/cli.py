@@ -23,6 +23,7 @@ def _stage_flows() -> dict:
     from flows.critic import critic_flow
     from flows.evaluate import evaluate_flow
     from flows.forward import forward_flow
+    from flows.iteration import iteration_flow
     from flows.label import label_flow
     from flows.proposer import proposer_flow
     from flows.regenerate import regenerate_flow
@@ -46,6 +47,7 @@ def _stage_flows() -> dict:
         "actor": actor_flow,
         "train": train_flow,
         "evaluate": evaluate_flow,
+        "iteration": iteration_flow,  # dvc.yaml's foreach: `iteration@K`
     }
 
 
@@ -103,7 +105,6 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
     from tasks.params import ParamsError, load_params
 
     log_to_file("run")  # once the workspace is ours: a refused run must not truncate the running one's log
-    names = p.stage_names()
     params_file = Path("params.yaml")
     original = params_file.read_text()
 
@@ -117,6 +118,7 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
         load_params()  # fail before any work on a bad params.yaml
     except (ParamsError, ValueError) as e:
         refuse(str(e))
+    names = p.stage_names()  # after the overrides: `iterations` adds stages
     try:
         if only and (stale := p.stale_upstream(stage)):
             refuse(f"--only {stage}: its inputs are stale ({', '.join(stale)} changed); run `retrosight run {stage}` to rerun them too")
@@ -215,10 +217,14 @@ def results(
 
 @app.command("stage", hidden=True)
 def stage_cmd(name: str) -> None:
-    """Run one stage's flow in this process (the `cmd` of each dvc.yaml stage)."""
+    """Run one stage's flow in this process (the `cmd` of each dvc.yaml stage; `group@key` for a foreach item)."""
     flows = _stage_flows()
-    if name not in flows:
-        _fail(f"unknown stage '{name}' (stages: {', '.join(flows)})")
+    group, _, key = name.partition("@")
+    if group not in flows or bool(key) != (group == "iteration"):
+        _fail(f"unknown stage '{name}' (stages: {', '.join(flows)}; iteration as iteration@K)")
+    if key and not key.isdigit():
+        _fail(f"unknown stage '{name}': iteration@K takes a number")
+    stage_flow, parameters = flows[group], ({"iteration": int(key)} if key else {})
     import logging
 
     from flows.common import expected_failure, log_to_file, stage_inputs
@@ -232,9 +238,9 @@ def stage_cmd(name: str) -> None:
         if parent:
             from flows.linking import run_as_child
 
-            run_as_child(flows[name], parent)
+            run_as_child(stage_flow, parent, parameters)
         else:
-            flows[name]()
+            stage_flow(**parameters)
     except Exception as e:
         if not expected_failure(e, inputs):
             raise

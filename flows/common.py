@@ -23,9 +23,39 @@ OK_STATUSES = ("ok", "tied", "singleton")  # standardize's tied and singleton gr
 FAILURE_WORDS = ("fail", "invalid", "quarantin", "error")
 
 
+def _foreach_items(spec: dict) -> dict:
+    """A foreach stage's items by key: a literal list or mapping, or `${name}` from params.yaml."""
+    items = spec["foreach"]
+    if isinstance(items, str) and items.startswith("${") and items.endswith("}"):
+        items = yaml.safe_load(Path("params.yaml").read_text())
+        for part in spec["foreach"][2:-1].split("."):
+            items = (items or {}).get(part, {})
+    return {str(k): v for k, v in items.items()} if isinstance(items, dict) else {str(i): i for i in items or []}
+
+
+def stage_names(dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
+    """dvc.yaml's stages in order as DVC names them: a foreach group as its items (`iteration@2`)."""
+    stages = yaml.safe_load(dvc_yaml.read_text())["stages"]
+    return [n for name, spec in stages.items() for n in ([f"{name}@{k}" for k in _foreach_items(spec)] if "foreach" in spec else [name])]
+
+
+def stage_spec(stage: str) -> dict:
+    """A stage's entry in dvc.yaml; for `group@key`, the group's `do` with ${key} and ${item...} filled in."""
+    stages = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]
+    if "@" not in stage:
+        return stages[stage]
+    group, key = stage.split("@", 1)
+    item = _foreach_items(stages[group])[key]
+    fields = {"key": key, "item": item, **({f"item.{k}": v for k, v in item.items()} if isinstance(item, dict) else {})}
+    text = yaml.safe_dump(stages[group]["do"])
+    for name, value in fields.items():
+        text = text.replace("${" + name + "}", str(value))
+    return yaml.safe_load(text)
+
+
 def _stage_files(stage: str) -> tuple[list[Path], list[Path]]:
     """The Parquet files the stage reads and writes, as dvc.yaml declares them."""
-    spec = yaml.safe_load(Path("dvc.yaml").read_text())["stages"][stage]
+    spec = stage_spec(stage)
 
     def parquet(entries: list) -> list[Path]:
         paths = [Path(next(iter(e)) if isinstance(e, dict) else e) for e in entries]

@@ -23,13 +23,13 @@ if TYPE_CHECKING:
 ERROR_FILE_ENV = "RETROSIGHT_ERROR_FILE"
 
 
-def run_as_child(stage_flow: Flow, parent_task_run_id: str):
+def run_as_child(stage_flow: Flow, parent_task_run_id: str, parameters: dict | None = None):
     from prefect import get_client
     from prefect.flow_engine import run_flow
 
     with get_client(sync_client=True) as client:
-        flow_run = client.create_flow_run(stage_flow, parent_task_run_id=UUID(parent_task_run_id))
-    return run_flow(stage_flow, flow_run=flow_run)
+        flow_run = client.create_flow_run(stage_flow, parameters=parameters or {}, parent_task_run_id=UUID(parent_task_run_id))
+    return run_flow(stage_flow, flow_run=flow_run, parameters=parameters or {})
 
 
 class _Explained(logging.Filter):

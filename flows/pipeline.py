@@ -22,6 +22,7 @@ from prefect import flow, get_client, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import get_run_context
 
+from flows.common import stage_names
 from flows.linking import ERROR_FILE_ENV
 
 PARENT_TASK_ENV = "RETROSIGHT_PARENT_TASK_RUN_ID"
@@ -75,10 +76,6 @@ def dvc(*args: str, check: bool = True, capture: bool = False, env_extra: dict |
         said = (result.stderr or result.stdout or "").strip() if capture else "its output is above"
         raise StageFailed(f"dvc {' '.join(args)} failed (exit {result.returncode}): {said}")
     return result
-
-
-def stage_names(dvc_yaml: Path = Path("dvc.yaml")) -> list[str]:
-    return list(yaml.safe_load(dvc_yaml.read_text())["stages"])
 
 
 def stale_stages() -> list[str]:

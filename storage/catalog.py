@@ -25,12 +25,23 @@ class TableInfo:
     schema_version: int | None
 
 
+# HOPE's later iterations write data/iterationK/<stage>/<table>.parquet: view iterationK_<stage>.<table>.
+PATTERNS = ("*/*.parquet", "iteration*/*/*.parquet")
+
+
+def stage_of(path: Path) -> str:
+    """The catalog's stage name of a table file: its folder, prefixed by an iteration's."""
+    parent = Path(path).parent
+    return f"{parent.parent.name}_{parent.name}" if parent.parent.name.startswith("iteration") else parent.name
+
+
 def list_tables(data_dir: Path) -> list[TableInfo]:
-    """Every `<stage>/<table>.parquet` under data_dir, with facts read from its footer only."""
+    """Every `<stage>/<table>.parquet` under data_dir (and each iteration's), with facts read from its footer only."""
+    paths = sorted(p for pattern in PATTERNS for p in Path(data_dir).glob(pattern))
     return [
-        table_info(path, stage=path.parent.name, table=path.stem)
-        for path in sorted(Path(data_dir).glob("*/*.parquet"))
-        if not path.name.startswith(".") and not path.parent.name.startswith(".") and path.is_file()
+        table_info(path, stage=stage_of(path), table=path.stem)
+        for path in paths
+        if not path.name.startswith(".") and not any(part.startswith(".") for part in path.relative_to(data_dir).parts[:-1]) and path.is_file()
     ]
 
 

@@ -6,9 +6,11 @@ row it came from (`parent_id`, `relabel_id`, `trajectory_id`), so this is a hand
 """
 from __future__ import annotations
 
+import re
+
 import duckdb
 
-TRAJECTORY_VIEWS = ('"collect".trajectories', '"import".trajectories', '"regenerate".trajectories')
+TRAJECTORY_STAGES = ("collect", "import", "regenerate")
 TRAJECTORY_COLUMNS = 'trajectory_id, task_id, split, source, parent_id, branch_turn, relabel_id, "return", success, num_turns'
 
 
@@ -21,6 +23,15 @@ def _views(con: duckdb.DuckDBPyConnection) -> set[str]:
     return {f'"{s}".{v}' for s, v in rows}
 
 
+def _of(views: set[str], stages: tuple[str, ...], table: str) -> list[str]:
+    """The views of `table` written by `stages`, in iteration 1 and in every later one (iterationK_<stage>)."""
+    return sorted(v for v in views for s in stages if re.fullmatch(rf'"(iteration\d+_)?{s}"\.{table}', v))
+
+
+def _union(views: list[str], columns: str = "*") -> str:
+    return "(" + " UNION ALL BY NAME ".join(f"SELECT {columns} FROM {v}" for v in views) + ")"
+
+
 def _rows(con, sql: str, params: list) -> list[dict]:
     rel = con.execute(sql, params)
     cols = [d[0] for d in rel.description]
@@ -29,7 +40,7 @@ def _rows(con, sql: str, params: list) -> list[dict]:
 
 def resolve_id(con: duckdb.DuckDBPyConnection, prefix: str) -> str:
     """A trajectory id from its full value or a unique prefix (ids are long content hashes)."""
-    views = [v for v in TRAJECTORY_VIEWS if v in _views(con)]
+    views = _of(_views(con), TRAJECTORY_STAGES, "trajectories")
     if not views:
         raise LineageError("no trajectory tables at this revision: run the pipeline first")
     union = " UNION ".join(f"SELECT trajectory_id FROM {v} WHERE starts_with(trajectory_id, ?)" for v in views)
@@ -44,12 +55,11 @@ def resolve_id(con: duckdb.DuckDBPyConnection, prefix: str) -> str:
 def lineage(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> dict:
     """{"chain": [root, ..., the trajectory], "summary", "relabels", "labels", "training", "children"}."""
     views = _views(con)
-    tviews = [v for v in TRAJECTORY_VIEWS if v in views]
     tid = resolve_id(con, trajectory_id)
-    union = " UNION ALL ".join(f"SELECT {TRAJECTORY_COLUMNS} FROM {v}" for v in tviews)
+    union = _union(_of(views, TRAJECTORY_STAGES, "trajectories"), TRAJECTORY_COLUMNS)
 
     def trajectory(i: str) -> dict | None:
-        found = _rows(con, f"SELECT * FROM ({union}) WHERE trajectory_id = ?", [i])
+        found = _rows(con, f"SELECT * FROM {union} WHERE trajectory_id = ?", [i])
         return found[0] if found else None
 
     chain = [trajectory(tid)]
@@ -61,17 +71,17 @@ def lineage(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> dict:
     ids = [t["trajectory_id"] for t in chain]
     root = ids[0]
     out: dict = {"chain": chain, "summary": None, "relabels": [], "labels": [], "training": [], "children": []}
-    if '"summarize".summaries' in views:
-        found = _rows(con, 'SELECT summary, status, reason, backend, model FROM "summarize".summaries WHERE trajectory_id = ?', [root])
+    if found_views := _of(views, ("summarize",), "summaries"):
+        found = _rows(con, f"SELECT summary, status, reason, backend, model FROM {_union(found_views)} WHERE trajectory_id = ?", [root])
         out["summary"] = found[0] if found else None
     marks = ", ".join("?" * len(ids))
-    if '"relabel".relabels' in views:
+    if relabels := _of(views, ("relabel",), "relabels"):
         # The relabels that led down this chain, or every relabel of an original.
         wanted = [t["relabel_id"] for t in chain if t["relabel_id"]]
         if wanted:
-            out["relabels"] = _rows(con, f'SELECT * FROM "relabel".relabels WHERE relabel_id IN ({", ".join("?" * len(wanted))}) ORDER BY branch_turn, rank', wanted)
+            out["relabels"] = _rows(con, f'SELECT * FROM {_union(relabels)} WHERE relabel_id IN ({", ".join("?" * len(wanted))}) ORDER BY branch_turn, rank', wanted)
         else:
-            out["relabels"] = _rows(con, 'SELECT * FROM "relabel".relabels WHERE trajectory_id = ? ORDER BY branch_turn, rank', [root])
+            out["relabels"] = _rows(con, f"SELECT * FROM {_union(relabels)} WHERE trajectory_id = ? ORDER BY branch_turn, rank", [root])
     if '"label".labels' in views:
         out["labels"] = _rows(con, f'SELECT trajectory_id, source, env_reward, reward, labeler, model, status, reason FROM "label".labels WHERE trajectory_id IN ({marks})', ids)
     if '"standardize".train' in views:
@@ -81,6 +91,6 @@ def lineage(con: duckdb.DuckDBPyConnection, trajectory_id: str) -> dict:
             f'FROM "standardize".train WHERE trajectory_id IN ({marks})',
             ids,
         )
-    if '"regenerate".trajectories' in views and len(chain) == 1:
-        out["children"] = _rows(con, f'SELECT {TRAJECTORY_COLUMNS} FROM "regenerate".trajectories WHERE parent_id = ? ORDER BY branch_turn, trajectory_id', [root])
+    if (regenerated := _of(views, ("regenerate",), "trajectories")) and len(chain) == 1:
+        out["children"] = _rows(con, f"SELECT {TRAJECTORY_COLUMNS} FROM {_union(regenerated)} WHERE parent_id = ? ORDER BY branch_turn, trajectory_id", [root])
     return out

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from storage.catalog import TableInfo, table_info
+from storage.catalog import PATTERNS, TableInfo, stage_of, table_info
 
 WORKSPACE = "workspace"
 _OPEN: list = []  # file systems to close before the interpreter tears down git's pack objects
@@ -149,13 +149,13 @@ class Revision:
 
             return list_tables(self.repo / "data")
         infos, self.missing = [], []
-        for path in sorted(self.fs.glob("data/*/*.parquet")):
+        for path in sorted(p for pattern in PATTERNS for p in self.fs.glob(f"data/{pattern}")):
             try:
                 local = self._local(path)
             except FileNotFoundError:
                 self.missing.append(path)
                 continue
-            infos.append(table_info(local, stage=Path(path).parent.name, table=Path(path).stem))
+            infos.append(table_info(local, stage=stage_of(Path(path)), table=Path(path).stem))
         return infos
 
     def table(self, name: str) -> TableInfo:
@@ -165,7 +165,7 @@ class Revision:
         if len(matches) == 1:
             return matches[0]
         known = ", ".join(f"{t.stage}.{t.table}" for t in infos) or "none"
-        gone = [m for m in self.missing if name in (f"{Path(m).parent.name}.{Path(m).stem}", Path(m).stem)]
+        gone = [m for m in self.missing if name in (f"{stage_of(Path(m))}.{Path(m).stem}", Path(m).stem)]
         if gone:
             raise RevisionError(f"{gone[0]} at {self.label} is in neither the DVC cache nor the remote (`dvc fetch --rev {self.rev}` if another remote has it)")
         if not matches:

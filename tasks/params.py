@@ -7,7 +7,7 @@ from types import UnionType
 from typing import Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from envs import registry
 from envs.base import Environment
@@ -455,6 +455,17 @@ class EvaluateParams(Strict):
     extra: dict[str, str] = {}  # more policies to play, name: model directory (the bench's PRM+RL actor)
 
 
+class IterationParams(Strict):
+    """One of HOPE's later iterations (Algorithm 1, i >= 2): DVC's foreach item, so its deps can name
+    the model it collects with."""
+
+    policy: str  # the previous iteration's actor: data/actor/model for 2, data/iteration<i-1>/actor/model after
+
+
+def iteration_dir(i: int) -> str:
+    return "data" if i == 1 else f"data/iteration{i}"
+
+
 class Params(Strict):
     seed: int
     # The first N tasks of every split in every stage that plays tasks (bootstrap, collect,
@@ -477,6 +488,9 @@ class Params(Strict):
     forward: ForwardParams = ForwardParams()
     train: TrainStageParams
     evaluate: EvaluateParams
+    # HOPE's iterations after the first (the stages collect ... actor are iteration 1), by number
+    # from 2, each collecting with the previous iteration's actor: dvc.yaml's `iteration` foreach.
+    iterations: dict[int, IterationParams] = {}
 
 
     @model_validator(mode="before")
@@ -488,6 +502,22 @@ class Params(Strict):
                 if isinstance(data.get(stage), dict) and data[stage].get("limit_tasks") is None:
                     data[stage] = {**data[stage], "limit_tasks": data["limit_tasks"]}
         return data
+
+    @field_validator("iterations", mode="before")
+    @classmethod
+    def _iteration_keys_are_strings(cls, value):
+        if isinstance(value, dict) and (numbers := [k for k in value if not isinstance(k, str)]):
+            raise ValueError(f"write iteration {numbers[0]} as '{numbers[0]}' (quoted): DVC's foreach skips a number key, so that iteration would never run")
+        return value
+
+    @model_validator(mode="after")
+    def _iterations_follow_each_other(self) -> Params:
+        for k, (key, it) in enumerate(self.iterations.items(), start=2):
+            if key != k:
+                raise ValueError(f"iterations: '{key}' where iteration {k} belongs (they count 2, 3, ... in order; 1 is the stages collect ... actor)")
+            if it.policy != f"{iteration_dir(k - 1)}/actor/model":
+                raise ValueError(f"iterations.{key}.policy: {it.policy}, but iteration {k} collects with iteration {k - 1}'s actor, {iteration_dir(k - 1)}/actor/model")
+        return self
 
     @model_validator(mode="after")
     def _best_of_n_plays_known_policies(self) -> Params:
