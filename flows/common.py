@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -114,7 +115,8 @@ def publish(stage: str, metrics: dict) -> None:
     if rewards:
         body += ["| table | column | n | mean | std | min | max |", "|---|---|---|---|---|---|---|", *rewards, ""]
     body += ["<details><summary>metrics</summary>", "", "```json", json.dumps(metrics, indent=2, sort_keys=True), "```", "</details>"]
-    create_markdown_artifact(key=f"retrosight-{stage}", markdown="\n".join(body), description=f"{stage}: rows, failures, rewards, time")
+    key = re.sub(r"[^a-z0-9-]", "-", f"retrosight-{stage}".lower())  # Prefect's keys: lowercase, digits, dashes
+    create_markdown_artifact(key=key, markdown="\n".join(body), description=f"{stage}: rows, failures, rewards, time")
 
 
 LOGS = Path(".retrosight/logs")
