@@ -97,10 +97,11 @@ def test_iteration_two_runs_after_the_pipeline_and_reruns_alone(finished_workspa
     assert {k: v for k, v in lock().items() if k != "iteration@2"} == before  # iteration 1 as it was
     assert json.loads(run([str(BIN / "dvc"), "status", "--json"], project).stdout) == {}
     # Forced alone, iteration 2 reruns to the same outputs; nothing of iteration 1 runs.
-    outs = {o["path"]: o["md5"] for o in lock()["iteration@2"]["outs"]}
+    tables = lambda: {p.relative_to(d): p.read_bytes() for p in sorted(d.rglob("*.parquet"))}  # noqa: E731 (metrics hold timings)
+    outs = tables()
     again = run([str(BIN / "retrosight"), "run", "iteration@2", "--force", "--only"], project).stdout
-    assert "iteration@2: ran" in again and "actor:" not in again and "collect:" not in again, again
-    assert {o["path"]: o["md5"] for o in lock()["iteration@2"]["outs"]} == outs  # deterministic under the seed
+    assert "iteration@2: ran" in again and not [s for s in ("actor", "collect") for o in ("ran", "skipped") if f"{s}: {o}" in again], again
+    assert tables() == outs and len(outs) >= 8  # deterministic under the seed
     shown = run([str(BIN / "retrosight"), "inspect"], project).stdout
     assert "iteration2_collect.trajectories" in shown and "iteration2_regenerate.trajectories" in shown
     child = pq.read_table(d / "regenerate/trajectories.parquet").to_pylist()
