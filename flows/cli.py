@@ -86,7 +86,7 @@ def run(
     from flows import pipeline as p
 
     names = p.stage_names()
-    if stage is not None and stage not in names:
+    if stage is not None and stage not in names and not set_param:  # with -S, checked after the overrides
         _fail(f"unknown stage '{stage}' (stages: {', '.join(names)})")
     if only and stage is None:
         _fail("--only needs a STAGE")
@@ -119,6 +119,8 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
     except (ParamsError, ValueError) as e:
         refuse(str(e))
     names = p.stage_names()  # after the overrides: `iterations` adds stages
+    if stage is not None and stage not in names:
+        refuse(f"unknown stage '{stage}' (stages: {', '.join(names)})")
     try:
         if only and (stale := p.stale_upstream(stage)):
             refuse(f"--only {stage}: its inputs are stale ({', '.join(stale)} changed); run `retrosight run {stage}` to rerun them too")

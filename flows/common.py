@@ -15,6 +15,8 @@ import yaml
 from prefect.artifacts import create_markdown_artifact
 from prefect.context import get_run_context
 
+from storage.revisions import lookup
+
 DATA = Path("data")
 # Every trajectory the later stages work on: the logged ones and their hindsight regenerations.
 TRAJECTORIES = [DATA / "collect" / "trajectories.parquet", DATA / "regenerate" / "trajectories.parquet"]
@@ -28,9 +30,7 @@ def _foreach_items(spec: dict) -> dict:
     """A foreach stage's items by key: a literal list or mapping, or `${name}` from params.yaml."""
     items = spec["foreach"]
     if isinstance(items, str) and items.startswith("${") and items.endswith("}"):
-        items = yaml.safe_load(Path("params.yaml").read_text())
-        for part in spec["foreach"][2:-1].split("."):
-            items = (items or {}).get(part, {})
+        items = lookup(yaml.safe_load(Path("params.yaml").read_text()) or {}, items[2:-1], {})
     return {str(k): v for k, v in items.items()} if isinstance(items, dict) else {str(i): i for i in items or []}
 
 

@@ -133,7 +133,7 @@ class Revision:
             for file, values in (entry.get("params") or {}).items():
                 if file not in files:
                     files[file] = yaml.safe_load(self.read_text(file) or "") or {}
-                why += [f"param {key} changed" for key, value in values.items() if _lookup(files[file], key) != value]
+                why += [f"param {key} changed" for key, value in values.items() if lookup(files[file], key) != value]
             if why:
                 out[stage] = ", ".join(why)
         return out
@@ -191,11 +191,11 @@ class Revision:
 _MISSING = object()
 
 
-def _lookup(d: dict, key: str) -> object:
-    """params["relabel"]["k"] for "relabel.k", as DVC reads a stage's param; _MISSING if absent."""
+def lookup(d: dict, key: str, default: object = _MISSING) -> object:
+    """params["relabel"]["k"] for "relabel.k", as DVC reads a stage's param; `default` if absent."""
     for part in key.split("."):
         if not isinstance(d, dict) or part not in d:
-            return _MISSING
+            return default
         d = d[part]
     return d
 

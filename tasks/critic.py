@@ -115,6 +115,9 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
         raise ValueError(f"{pairs}: no selected pair to train the critic on ({len(rows)} selected, {too_long} longer than the model's {context} positions)")
     if main:
         print(f"critic: {len(train)} pairs to train on, {len(held)} held out, {too_long} too long for the context", flush=True)
+    head = algorithm.fit_head(model, tokenizer, train) if c.head_init == "probe" else None
+    if main and head:
+        print(f"critic: head fit on the frozen policy, Eq. 1 {head['loss_zero_head']} -> {head['loss_fit_head']}", flush=True)
     kwargs = {k: getattr(c, k) for k in ("epochs", "batch_size", "learning_rate", "warmup_ratio", "weight_decay", "bf16")}
     snapshots = out_dir / ".epochs"
     shutil.rmtree(snapshots, ignore_errors=True)
@@ -142,6 +145,7 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
     (out_dir / "loss.json").write_text(json.dumps(points) + "\n")
     metrics.update({
         "base_model": c.base_model,
+        "head_init": head or c.head_init,
         "pairs_selected": len(rows),
         "pairs_too_long": too_long,
         "calibration": {name: calibration(scored[name], [e["target"] for e in part], mean) for name, part in (("heldout", held), ("train", train))},

@@ -284,10 +284,13 @@ class CriticParams(Strict):
     base_model: str = "data/bootstrap/model"  # the policy the critic starts from (HOPE: pi_0)
     epochs: float = Field(2, gt=0)  # HOPE: 1 (lr 5e-6, batch 64, a 3B model)
     batch_size: int = Field(16, ge=1)
-    learning_rate: float = Field(1.0e-3, gt=0)
+    learning_rate: float = Field(1.0e-4, gt=0)
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     bf16: bool | Literal["auto"] = "auto"
+    # the scalar head before fine-tuning: random (HOPE) | probe, fit by logistic regression on the
+    # frozen policy's features first (LP-FT; tasks/train/critic.py)
+    head_init: Literal["random", "probe"] = "probe"
     heldout_share: float = Field(0.1, ge=0, lt=1)  # selected pairs kept out of training: the calibration's
     deepspeed: str | None = "tasks/train/deepspeed_zero3.json"  # as train.deepspeed
     nproc_per_node: int = Field(1, ge=1)

@@ -40,6 +40,26 @@ def test_the_head_reads_the_policy_at_the_last_token(tiny_model_dir):
     assert got == pytest.approx(expected, abs=1e-5)
 
 
+def test_the_probe_fits_the_head_to_targets_the_frozen_features_carry(tiny_model_dir):
+    torch.manual_seed(0)
+    model, tok = critic.load_critic(str(tiny_model_dir), base=True)
+    body = {k: v.clone() for k, v in model.model.state_dict().items()}
+    sequences = [critic.encode(tok, [{"role": "user", "content": f"Turn {i}."}], {"role": "assistant", "content": f"QUESTION: Is it {w}?"})
+                 for i in range(1, 9) for w in ("an animal", "red", "Cow", "made of metal")]
+    x = critic.features(model, tok, sequences)
+    # the features are what the head reads: sigmoid(head . feature) is the critic's score
+    assert torch.sigmoid(x @ model.score.weight[0]).tolist() == pytest.approx(critic.score(model, tok, sequences), abs=1e-5)
+    # targets a linear head on these features produces exactly; the fit must find them from zero
+    w_true = torch.randn(x.shape[1]) * 5.0 / x.norm(dim=1).mean()
+    targets = torch.sigmoid(x @ w_true).tolist()
+    assert max(targets) - min(targets) > 0.5
+    fit = critic.fit_head(model, tok, [{"input_ids": s, "target": t} for s, t in zip(sequences, targets)], l2=0.0)
+    assert fit["loss_zero_head"] == pytest.approx(critic.soft_bce(torch.zeros(len(targets)), torch.tensor(targets)).item(), abs=1e-4)
+    assert fit["loss_fit_head"] < fit["loss_zero_head"] - 0.01
+    assert critic.score(model, tok, sequences) == pytest.approx(targets, abs=0.02)
+    assert all(torch.equal(v, body[k]) for k, v in model.model.state_dict().items())  # the body is left alone
+
+
 def test_calibration_against_the_mean():
     c = calibration([0.9, 0.2], [1.0, 0.0], mean=0.5)
     assert c == {"pairs": 2, "mae": 0.15, "rmse": pytest.approx(0.1581, abs=1e-4), "side_agreement": 1.0, "mae_of_mean": 0.5}

@@ -7,6 +7,12 @@ The model is transformers' sequence-classification head on the policy's architec
 (AutoModelForSequenceClassification, num_labels 1): the policy's weights, and a linear layer
 [hidden, 1] without bias, randomly initialised (HOPE 2.7), read at the last token of the state
 and action (the action's end-of-turn token). Q(s, a) is the sigmoid of that score.
+
+head_init "probe" fits that head before any fine-tuning: Eq. 1 on the frozen policy's features
+at the scored token, a logistic regression solved by L-BFGS (linear probing, then fine-tuning:
+LP-FT, Kumar et al. 2022). A random head (HOPE's) sends large, arbitrary gradients into the
+body while the head is still wrong; on the project's small policies that erased what the
+features carry and the critic scored every pair alike (README, "Does hindsight help?").
 """
 from __future__ import annotations
 
@@ -64,20 +70,61 @@ def train(model, tokenizer, examples: list[dict], seed: int, **trainer_kwargs) -
     return train_sft(model, tokenizer, rows, seed=seed, trainer_cls=CriticTrainer, **trainer_kwargs)
 
 
-@torch.no_grad()
-def score(model, tokenizer, sequences: list[list[int]], batch_size: int = 32) -> list[float]:
-    """Q(s, a) = sigmoid(score) for each encoded state and action, in order. A sequence longer
-    than the model's context is read from its last `context` tokens, where the action is."""
-    model.eval()
-    out: list[float] = []
+def _batches(model, tokenizer, sequences: list[list[int]], batch_size: int):
+    """Right-padded batches (ids, mask, lengths); a sequence longer than the model's context is
+    read from its last `context` tokens, where the action is."""
     pad, context = tokenizer.pad_token_id, model.config.max_position_embeddings
     for i in range(0, len(sequences), batch_size):
         chunk = [s[-context:] for s in sequences[i : i + batch_size]]
         width = max(map(len, chunk))
         ids = torch.tensor([s + [pad] * (width - len(s)) for s in chunk])
         mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in chunk])
+        yield ids, mask, [len(s) for s in chunk]
+
+
+@torch.no_grad()
+def score(model, tokenizer, sequences: list[list[int]], batch_size: int = 32) -> list[float]:
+    """Q(s, a) = sigmoid(score) for each encoded state and action, in order."""
+    model.eval()
+    out: list[float] = []
+    for ids, mask, _ in _batches(model, tokenizer, sequences, batch_size):
         out += torch.sigmoid(model(input_ids=ids, attention_mask=mask).logits.squeeze(-1).float()).tolist()
     return out
+
+
+@torch.no_grad()
+def features(model, tokenizer, sequences: list[list[int]], batch_size: int = 32) -> torch.Tensor:
+    """The body's last hidden state at each sequence's scored (last) token: [n, hidden], in order.
+    Batches go by length (less padding) and are put back in order."""
+    model.eval()
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    out = []
+    for ids, mask, lengths in _batches(model, tokenizer, [sequences[i] for i in order], batch_size):
+        hidden = model.model(input_ids=ids, attention_mask=mask).last_hidden_state
+        out.append(hidden[torch.arange(len(lengths)), torch.tensor(lengths) - 1].float())
+    return torch.cat(out)[torch.argsort(torch.tensor(order))]
+
+
+def fit_head(model, tokenizer, examples: list[dict], l2: float = 1e-3) -> dict:
+    """LP-FT's first step: the head that minimises Eq. 1 (+ l2 * |w|^2) on the frozen body's
+    features of `examples` ({"input_ids", "target"}), by L-BFGS from zero; written into
+    model.score. Returns Eq. 1 on the examples under the zero head (log 2) and under the fit."""
+    x = features(model, tokenizer, [e["input_ids"] for e in examples])
+    y = torch.tensor([e["target"] for e in examples], dtype=torch.float32)
+    w = torch.zeros(x.shape[1], requires_grad=True)
+    optimizer = torch.optim.LBFGS([w], max_iter=500, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        loss = soft_bce(x @ w, y) + l2 * (w * w).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    with torch.no_grad():
+        model.score.weight.copy_(w.detach().to(model.score.weight.dtype)[None])
+        return {"pairs": len(examples), "loss_zero_head": round(soft_bce(torch.zeros_like(y), y).item(), 4),
+                "loss_fit_head": round(soft_bce(x @ w, y).item(), 4)}
 
 
 @torch.no_grad()
