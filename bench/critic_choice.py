@@ -66,7 +66,7 @@ def main() -> None:
     from envs.twenty_questions.proposer import worth
     from models.base import SamplingParams
     from tasks.roles import policy_generator
-    from tasks.rollout import derive_seed, new_episode, play
+    from tasks.rollout import BestOfNAgent, derive_seed, new_episode, play
     from tasks.simulator import make_simulator
     from tasks.train import critic
 
@@ -90,17 +90,12 @@ def main() -> None:
     sampling = SamplingParams(**params.evaluate.best_of_n.sampling.model_dump())
     turns: list[dict] = []
 
-    class Probe:
+    class Probe(BestOfNAgent):  # best-of-N's candidates; every critic and the oracle score them, a random one is played
         def act(self, episodes, step_seed):
-            prompts, seeds = [], []
             for ep in episodes:
                 ep.policy_id = "critic-choice"
-                prompts += [ep.messages] * args.n
-                seeds += [derive_seed(ep.seed, "turn", len(ep.turns), "candidate", j) for j in range(args.n)]
-            completions = generator.generate(prompts, sampling, seeds)
             played = []
-            for i, ep in enumerate(episodes):
-                texts = [c.text for c in completions[i * args.n : (i + 1) * args.n] if c.ok]
+            for ep, texts in zip(episodes, self.candidates(episodes)):
                 if not texts:
                     played.append("")
                     continue
@@ -114,7 +109,7 @@ def main() -> None:
 
     tasks = [t for split in args.splits for t in env.tasks(split)[: args.limit_tasks]]
     episodes = [new_episode(env, t, derive_seed(params.seed, "critic-choice", t.id)) for t in tasks]
-    play(episodes, Probe(), derive_seed(params.seed, "critic-choice"), f"critic choice: {len(episodes)} games, {args.n} candidates a turn", make_simulator(params))
+    play(episodes, Probe(generator, sampling, args.n, None), derive_seed(params.seed, "critic-choice"), f"critic choice: {len(episodes)} games, {args.n} candidates a turn", make_simulator(params))
     out = summary(turns)
     print(f"\nTurns whose {args.n} candidates differ in worth: {out['turns']} of {sum(len(e.turns) for e in episodes)} "
           f"({len(episodes)} games of {', '.join(args.splits)}). Worth of the candidate played:")

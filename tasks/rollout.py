@@ -150,14 +150,19 @@ class BestOfNAgent:
     def __init__(self, generator: Generator, sampling: SamplingParams, n: int, score: Callable[[list[tuple[list[Message], Message]]], list[float]]):
         self.generator, self.sampling, self.n, self.score = generator, sampling, n, score
 
-    def act(self, episodes: Sequence[Episode], step_seed: int) -> list[str]:
+    def candidates(self, episodes: Sequence[Episode]) -> list[list[str]]:
+        """Each live episode's n sampled actions this turn, those the backend gave up on left out."""
         prompts, seeds = [], []
         for ep in episodes:
-            ep.policy_id = f"{self.generator.model_id}+best_of_{self.n}"
             prompts += [ep.messages] * self.n
             seeds += [derive_seed(ep.seed, "turn", len(ep.turns), "candidate", j) for j in range(self.n)]
         completions = self.generator.generate(prompts, self.sampling, seeds)
-        candidates = [[c.text for c in completions[i * self.n : (i + 1) * self.n] if c.ok] for i in range(len(episodes))]
+        return [[c.text for c in completions[i * self.n : (i + 1) * self.n] if c.ok] for i in range(len(episodes))]
+
+    def act(self, episodes: Sequence[Episode], step_seed: int) -> list[str]:
+        for ep in episodes:
+            ep.policy_id = f"{self.generator.model_id}+best_of_{self.n}"
+        candidates = self.candidates(episodes)
         # One scoring call for every candidate of every live episode.
         scores = iter(self.score([(ep.messages, ep.game.message(text)) for ep, ok in zip(episodes, candidates) for text in ok]))
         texts = []
