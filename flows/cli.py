@@ -15,40 +15,32 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hindsight da
 console = Console()
 
 
-def _stage_flows() -> dict:
-    from flows.actor import actor_flow
-    from flows.bootstrap import bootstrap_flow
-    from flows.buffer import buffer_flow
-    from flows.collect import collect_flow
-    from flows.critic import critic_flow
-    from flows.evaluate import evaluate_flow
-    from flows.forward import forward_flow
-    from flows.iteration import iteration_flow
-    from flows.label import label_flow
-    from flows.proposer import proposer_flow
-    from flows.regenerate import regenerate_flow
-    from flows.relabel import relabel_flow
-    from flows.standardize import standardize_flow
-    from flows.summarize import summarize_flow
-    from flows.train import train_flow
+# Each stage's flow, by module: `retrosight stage NAME` imports only NAME's (the actor's TRL alone
+# takes seconds to import, paid otherwise by every stage's process).
+STAGE_FLOWS = {
+    "bootstrap": "flows.bootstrap:bootstrap_flow",
+    "collect": "flows.collect:collect_flow",
+    "forward": "flows.forward:forward_flow",
+    "summarize": "flows.summarize:summarize_flow",
+    "relabel": "flows.relabel:relabel_flow",
+    "regenerate": "flows.regenerate:regenerate_flow",
+    "proposer": "flows.proposer:proposer_flow",
+    "label": "flows.label:label_flow",
+    "standardize": "flows.standardize:standardize_flow",
+    "buffer": "flows.buffer:buffer_flow",
+    "critic": "flows.critic:critic_flow",
+    "actor": "flows.actor:actor_flow",
+    "train": "flows.train:train_flow",
+    "evaluate": "flows.evaluate:evaluate_flow",
+    "iteration": "flows.iteration:iteration_flow",  # dvc.yaml's foreach: `iteration@K`
+}
 
-    return {
-        "bootstrap": bootstrap_flow,
-        "collect": collect_flow,
-        "forward": forward_flow,
-        "summarize": summarize_flow,
-        "relabel": relabel_flow,
-        "regenerate": regenerate_flow,
-        "proposer": proposer_flow,
-        "label": label_flow,
-        "standardize": standardize_flow,
-        "buffer": buffer_flow,
-        "critic": critic_flow,
-        "actor": actor_flow,
-        "train": train_flow,
-        "evaluate": evaluate_flow,
-        "iteration": iteration_flow,  # dvc.yaml's foreach: `iteration@K`
-    }
+
+def _stage_flow(group: str):
+    import importlib
+
+    module, _, attr = STAGE_FLOWS[group].partition(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 @app.callback()
@@ -220,13 +212,12 @@ def results(
 @app.command("stage", hidden=True)
 def stage_cmd(name: str) -> None:
     """Run one stage's flow in this process (the `cmd` of each dvc.yaml stage; `group@key` for a foreach item)."""
-    flows = _stage_flows()
     group, _, key = name.partition("@")
-    if group not in flows or bool(key) != (group == "iteration"):
-        _fail(f"unknown stage '{name}' (stages: {', '.join(flows)}; iteration as iteration@K)")
+    if group not in STAGE_FLOWS or bool(key) != (group == "iteration"):
+        _fail(f"unknown stage '{name}' (stages: {', '.join(STAGE_FLOWS)}; iteration as iteration@K)")
     if key and not key.isdigit():
         _fail(f"unknown stage '{name}': iteration@K takes a number")
-    stage_flow, parameters = flows[group], ({"iteration": int(key)} if key else {})
+    stage_flow, parameters = _stage_flow(group), ({"iteration": int(key)} if key else {})
     import logging
 
     from flows.common import expected_failure, log_to_file, stage_inputs

@@ -1,7 +1,7 @@
 """The command line as a user types it: import a log with a bad row, then inspect."""
 import json
 
-from conftest import BIN, run
+from conftest import BIN, ROOT, run
 
 GOOD = {
     "task_id": "Apple",
@@ -43,3 +43,17 @@ def test_import_raise_mode_names_file_row_and_field(tmp_path):
 def test_inspect_with_a_bad_query_names_the_problem(tmp_path):
     out = run([str(BIN / "retrosight"), "inspect", "--sql", "SELECT nope FROM nowhere"], tmp_path, check=False)
     assert out.returncode != 0 and "nowhere" in out.stdout
+
+
+def test_every_dvc_stage_has_its_flow_and_each_is_imported_alone():
+    """`retrosight stage NAME` imports only NAME's flow module: the table must name every dvc.yaml
+    stage, and each entry must resolve to that stage's Prefect flow."""
+    import yaml
+    from prefect import Flow
+
+    from flows.cli import STAGE_FLOWS, _stage_flow
+
+    assert set(STAGE_FLOWS) == set(yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"])
+    for group in STAGE_FLOWS:
+        found = _stage_flow(group)
+        assert isinstance(found, Flow) and found.name == group, (group, found)
