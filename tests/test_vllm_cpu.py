@@ -144,8 +144,11 @@ def test_a_server_killed_mid_call_is_named_in_one_line_and_its_answers_are_kept(
     cache = ResponseCache(tmp_path / "responses.sqlite")
     convs = [[{"role": "user", "content": f"question {i}"}] for i in range(40)]
     with serving(model_dir, tmp_path / "serve.log") as server:
-        gen = CachedGenerator(OpenAIGenerator("tiny", base_url=server.url, api_key_env=None, concurrency=2, timeout=30, max_retries=2), cache)
-        assert all(c.ok for c in gen.generate(convs[:4], SAMPLED, list(range(4))))
+        # A generous timeout: a fresh server's first answers can take long on a busy machine, and a
+        # killed server refuses at once, so the wait below does not depend on it.
+        gen = CachedGenerator(OpenAIGenerator("tiny", base_url=server.url, api_key_env=None, concurrency=2, timeout=180, max_retries=2), cache)
+        first = gen.generate(convs[:4], SAMPLED, list(range(4)))
+        assert all(c.ok for c in first), [c.error for c in first]
 
         def kill_after_three_more():
             while len(cache) < 4 + 3:
