@@ -1,7 +1,7 @@
 """Does a critic learn which action of one state is better? Read off a buffer's branch states.
 
     python bench/critic_contrast.py --buffer SEED/buffer/pairs.parquet [--critic NAME=PATH ...]
-                                    [--base MODEL [--probe] [--fit-epochs N]] [--json OUT]
+                                    [--base MODEL [--probe] [--fit-epochs N [--pair-loss]]] [--json OUT]
 
 A branch state is a prompt where a logged (on-policy) action and a hindsight counterfactual
 meet: the only place the buffer compares two actions of one state. It prints:
@@ -15,7 +15,8 @@ meet: the only place the buffer compares two actions of one state. It prints:
 - with --fit-epochs N, a critic on --base trained on 80% of the branch states with different
   targets (head fit first, as `critic.head_init: probe`, then Eq. 1 over each state's actions at
   a time, AdamW at 1e-4), and how it orders the pairs of its own states and of the 20% held out
-  after every epoch: whether the comparison carries to states it has not seen.
+  after every epoch: whether the comparison carries to states it has not seen; --pair-loss adds
+  a Bradley-Terry term over each state's pairs of different targets.
 
 Concordance counts pairs whose targets differ; a pair the scores tie counts as half.
 """
@@ -149,10 +150,12 @@ def probe(base: str, states: list[list[dict]], folds: int = 5) -> dict:
     return out
 
 
-def fit_on_branches(base: str, states: list[list[dict]], epochs: int, seed: int = 0, lr: float = 1e-4, log=print) -> dict:
+def fit_on_branches(base: str, states: list[list[dict]], epochs: int, pair_loss: bool = False, seed: int = 0, lr: float = 1e-4, log=print) -> dict:
     """A critic on `base` trained on 80% of the branch states with different targets; concordance
-    on its states and on the held-out 20% at the start and after each epoch."""
+    on its states and on the held-out 20% at the start and after each epoch. pair_loss adds a
+    Bradley-Terry term over each state's pairs, -log sigmoid(score(better) - score(worse))."""
     import torch
+    import torch.nn.functional as F
 
     from tasks.train import critic
 
@@ -183,12 +186,15 @@ def fit_on_branches(base: str, states: list[list[dict]], epochs: int, seed: int 
             batch, mask, _ = next(critic._batches(model, tokenizer, [ids[id(r)] for r in state], len(state)))
             scores = model(input_ids=batch, attention_mask=mask).logits.squeeze(-1)
             loss = critic.soft_bce(scores, torch.tensor([r["target"] for r in state]))
+            if pair_loss:
+                better, worse = zip(*[(i, j) for i, a in enumerate(state) for j, b in enumerate(state) if a["target"] > b["target"]])
+                loss = loss + (-F.logsigmoid(scores[list(better)] - scores[list(worse)])).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
         curve.append({"epoch": epoch, **measure()})
         log(f"fit: epoch {epoch}: {curve[-1]}")
-    return {"states": len(branch), "train_states": len(train), "held_out_states": len(held), "curve": curve}
+    return {"states": len(branch), "train_states": len(train), "held_out_states": len(held), "pair_loss": pair_loss, "curve": curve}
 
 
 def main() -> None:
@@ -198,6 +204,7 @@ def main() -> None:
     ap.add_argument("--base", help="the policy the critics start from (for --probe and --fit-epochs)")
     ap.add_argument("--probe", action="store_true", help="cross-validated heads on the frozen --base")
     ap.add_argument("--fit-epochs", type=int, default=0, help="train a critic on 80%% of the branch states for N epochs")
+    ap.add_argument("--pair-loss", action="store_true", help="--fit-epochs with a Bradley-Terry term over each state's pairs beside Eq. 1")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (pinned: figures are compared side by side)")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args()
@@ -233,7 +240,7 @@ def main() -> None:
         print(f"frozen-base heads, 5-fold over {p['states']} states with two actions of different targets ({p['pairs']} pairs): "
               + ", ".join(f"{k} {p[k]}" for k in ("last token", "action mean", "both")))
     if args.fit_epochs:
-        out["fit"] = fit_on_branches(args.base, states, args.fit_epochs)
+        out["fit"] = fit_on_branches(args.base, states, args.fit_epochs, pair_loss=args.pair_loss)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
 

@@ -56,7 +56,7 @@ def test_the_bench_reads_a_critic_probes_and_fits(tiny_model_dir, tmp_path):
     model.save_pretrained(tmp_path / "critic")
     tok.save_pretrained(tmp_path / "critic")
     cmd = [sys.executable, str(ROOT / "bench/critic_contrast.py"), "--buffer", str(tmp_path / "pairs.parquet"),
-           "--critic", f"untrained={tmp_path / 'critic'}", "--base", str(tiny_model_dir), "--probe", "--fit-epochs", "1",
+           "--critic", f"untrained={tmp_path / 'critic'}", "--base", str(tiny_model_dir), "--probe", "--fit-epochs", "1", "--pair-loss",
            "--json", str(tmp_path / "out.json")]
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -66,7 +66,7 @@ def test_the_bench_reads_a_critic_probes_and_fits(tiny_model_dir, tmp_path):
     assert out["branch"]["not trained on"]["pairs"] == 5 and 0 <= out["branch"]["not trained on"]["untrained"] <= 1
     assert out["probe"]["states"] == 10 and out["probe"]["pairs"] == 10
     fit = out["fit"]
-    assert (fit["train_states"], fit["held_out_states"]) == (8, 2) and [c["epoch"] for c in fit["curve"]] == [0, 1]
+    assert (fit["train_states"], fit["held_out_states"], fit["pair_loss"]) == (8, 2, True) and [c["epoch"] for c in fit["curve"]] == [0, 1]
     assert fit["curve"][1]["train"][1] == 8 and fit["curve"][1]["held_out"][1] == 2
 
     bad = subprocess.run([*cmd[:4], "--critic", "nameonly"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
