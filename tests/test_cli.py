@@ -57,3 +57,6 @@ def test_every_dvc_stage_has_its_flow_and_each_is_imported_alone():
     for group in STAGE_FLOWS:
         found = _stage_flow(group)
         assert isinstance(found, Flow) and found.name == group, (group, found)
+    # In a new process, summarize's flow does not bring the actor's module or TRL with it.
+    alone = "from flows.cli import _stage_flow; import sys; _stage_flow('summarize'); print(sorted({'flows.actor', 'flows.train', 'trl'} & set(sys.modules)))"
+    assert run([str(BIN / "python"), "-c", alone], ROOT).stdout.strip() == "[]"
