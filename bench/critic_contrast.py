@@ -107,23 +107,6 @@ def _features(model, tokenizer, rows: list[dict]):
     return torch.stack(out)
 
 
-def _fit(x, y, l2: float = 1e-2):
-    import torch
-    import torch.nn.functional as F
-
-    w = torch.zeros(x.shape[1] + 1, requires_grad=True)
-    opt = torch.optim.LBFGS([w], max_iter=300, line_search_fn="strong_wolfe")
-
-    def closure():
-        opt.zero_grad()
-        loss = F.binary_cross_entropy_with_logits(x @ w[:-1] + w[-1], y) + l2 * (w[:-1] ** 2).sum()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return w.detach()
-
-
 def probe(base: str, states: list[list[dict]], folds: int = 5) -> dict:
     """Frozen-feature heads, cross-validated over states, at every state with two actions of
     different targets."""
@@ -143,8 +126,8 @@ def probe(base: str, states: list[list[dict]], folds: int = 5) -> dict:
     for name, f in (("last token", x[:, :d]), ("action mean", x[:, d:]), ("both", x)):
         s = torch.zeros(len(rows))
         for k in range(folds):
-            w = _fit(f[fold != k], y[fold != k])
-            s[fold == k] = f[fold == k] @ w[:-1] + w[-1]
+            w, b = critic.fit_linear(f[fold != k], y[fold != k], l2=1e-2, bias=True, max_iter=300)
+            s[fold == k] = f[fold == k] @ w + b
         share, n = concordance(multi, dict(zip(map(id, rows), s.tolist())))
         out[name], out["pairs"] = share, n
     return out

@@ -105,22 +105,33 @@ def features(model, tokenizer, sequences: list[list[int]], batch_size: int = 32)
     return torch.cat(out)[torch.argsort(torch.tensor(order))]
 
 
+def fit_linear(x: torch.Tensor, y: torch.Tensor, l2: float, bias: bool = False, max_iter: int = 500) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weights (and bias, else 0) minimising Eq. 1 of x @ w + b against y, + l2 * |w|^2, by
+    L-BFGS from zero."""
+    w = torch.zeros(x.shape[1] + bias, requires_grad=True)
+    optimizer = torch.optim.LBFGS([w], max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def split():
+        return (w[:-1], w[-1]) if bias else (w, torch.zeros(()))
+
+    def closure():
+        optimizer.zero_grad()
+        weights, b = split()
+        loss = soft_bce(x @ weights + b if bias else x @ weights, y) + l2 * (weights * weights).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return tuple(t.detach() for t in split())
+
+
 def fit_head(model, tokenizer, examples: list[dict], l2: float = 1e-3) -> dict:
     """LP-FT's first step: the head that minimises Eq. 1 (+ l2 * |w|^2) on the frozen body's
     features of `examples` ({"input_ids", "target"}), by L-BFGS from zero; written into
     model.score. Returns Eq. 1 on the examples under the zero head (log 2) and under the fit."""
     x = features(model, tokenizer, [e["input_ids"] for e in examples])
     y = torch.tensor([e["target"] for e in examples], dtype=torch.float32)
-    w = torch.zeros(x.shape[1], requires_grad=True)
-    optimizer = torch.optim.LBFGS([w], max_iter=500, line_search_fn="strong_wolfe")
-
-    def closure():
-        optimizer.zero_grad()
-        loss = soft_bce(x @ w, y) + l2 * (w * w).sum()
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
+    w, _ = fit_linear(x, y, l2)
     with torch.no_grad():
         model.score.weight.copy_(w.detach().to(model.score.weight.dtype)[None])
         return {"pairs": len(examples), "loss_zero_head": round(soft_bce(torch.zeros_like(y), y).item(), 4),
