@@ -3,8 +3,9 @@
     python bench/hindsight_repro.py [--preset bench/presets/hope_20q.yaml] [--seeds 0 1 2]
                                     [--out bench/out/repro] [--set relabel.n=2 ...]
 
-For each seed, runs every stage (bootstrap -> collect -> summarize -> relabel -> regenerate ->
-label -> standardize -> train -> evaluate) with params.yaml, the preset (a params file laid over
+For each seed, runs every stage (bootstrap -> collect -> forward -> summarize -> relabel ->
+regenerate -> label -> standardize -> HOPE's buffer, critic and actor, and again without
+hindsight (PRM+RL) -> train -> evaluate) with params.yaml, the preset (a params file laid over
 it, key by key; its train.methods, the arms, replaces params.yaml's) and the overrides, through
 the same stage functions `retrosight run` calls. It prints, per policy (the base and every method of train.methods): success and mean return on each
 evaluated split as mean ± standard error over seeds; and for each hindsight arm, its difference
@@ -18,7 +19,10 @@ varied without paying for the base policy and the logged data again; --reuse nam
 to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the same trained
 policies play the train tasks their data came from). --base DIR gives every seed the same base
 policy (a bootstrap stage's output), so seeds vary the logged data, hindsight, training and
-evaluation episodes around one base.
+evaluation episodes around one base. --no-actor-critic leaves HOPE's buffer, critic and actor
+out (HR's miniature, bench/presets/hr_persuasion.yaml, compares training arms only). With
+roles.forward.backend learned, each seed's forward stage trains HR's forward models on its own
+logged dialogues and regenerate uses them.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from tasks.evaluate import mean_se  # noqa: E402
 from tasks.params import Params  # noqa: E402
 
-STAGES = ["bootstrap", "collect", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_prm", "train", "evaluate"]
+STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_prm", "train", "evaluate"]
 
 
 def override(raw: dict, assignment: str) -> None:
@@ -52,15 +56,18 @@ def override(raw: dict, assignment: str) -> None:
 
 
 UPSTREAM = ["bootstrap", "collect", "summarize"]
+ACTOR_CRITIC = ("buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_prm")
 
 
-def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM, base: Path | None = None) -> dict:
+def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM, base: Path | None = None,
+             skip: tuple[str, ...] = ()) -> dict:
     from tasks.actor import run_actor
     from tasks.bootstrap import run_bootstrap
     from tasks.buffer import run_buffer
     from tasks.collect import run_collect
     from tasks.critic import run_critic
     from tasks.evaluate import run_evaluate
+    from tasks.forward import run_forward
     from tasks.label import run_label
     from tasks.regenerate import run_regenerate
     from tasks.relabel import run_relabel
@@ -76,6 +83,7 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
     steps = {
         "bootstrap": lambda: run_bootstrap(params, d / "bootstrap"),
         "collect": lambda: run_collect(params, d / "bootstrap/model", d / "collect"),
+        "forward": lambda: run_forward(params, trajectories[0], d / "forward"),  # a note only, unless roles.forward is learned
         "summarize": lambda: run_summarize(params, trajectories[0], d / "summarize"),
         "relabel": lambda: run_relabel(params, trajectories[0], d / "summarize/summaries.parquet", d / "relabel"),
         "regenerate": lambda: run_regenerate(params, trajectories[0], d / "relabel/relabels.parquet", d / "bootstrap/model", d / "regenerate"),
@@ -92,6 +100,8 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
     }
     for stage in STAGES:
+        if stage in skip:
+            continue
         if stage == "bootstrap" and base is not None:
             shutil.copytree(base, d / stage, dirs_exist_ok=True)
             continue
@@ -239,6 +249,7 @@ def main() -> None:
     ap.add_argument("--upstream", type=Path, help="reuse bootstrap/collect/summarize from DIR/seedN")
     ap.add_argument("--reuse", nargs="+", choices=STAGES[:-1], default=UPSTREAM, help="the stages --upstream provides")
     ap.add_argument("--base", type=Path, help="one bootstrap output (DIR/model, ...) every seed starts from, instead of its own")
+    ap.add_argument("--no-actor-critic", action="store_true", help="leave out HOPE's buffer, critic and actor, with and without hindsight (HR's miniature)")
     args = ap.parse_args()
 
     results, dirs, t_all = {}, {}, time.time()
@@ -250,24 +261,33 @@ def main() -> None:
             override(raw, s)
         d = dirs[seed] = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
-        override(raw, f"critic.base_model={d / 'bootstrap/model'}")
-        override(raw, f"evaluate.best_of_n.critic={d / 'critic/model'}")  # the seed's critic picks for best-of-N
-        override(raw, f"actor.base_model={d / 'bootstrap/model'}")
-        override(raw, f"actor.critic={d / 'critic/model'}")
-        override(raw, f"evaluate.actor={d / 'actor/model'}")  # the seed's actor is played
-        override(raw, f"evaluate.extra={{actor_prm: {d / 'actor_prm/model'}}}")  # and PRM+RL's, beside it
-        override(raw, f"evaluate.best_of_n.critics={{prm: {d / 'critic_prm/model'}}}")
+        if args.no_actor_critic:
+            for s in ("evaluate.actor=null", "evaluate.extra={}", "evaluate.best_of_n.policies=[]"):
+                override(raw, s)
+        else:
+            override(raw, f"critic.base_model={d / 'bootstrap/model'}")
+            override(raw, f"evaluate.best_of_n.critic={d / 'critic/model'}")  # the seed's critic picks for best-of-N
+            override(raw, f"actor.base_model={d / 'bootstrap/model'}")
+            override(raw, f"actor.critic={d / 'critic/model'}")
+            override(raw, f"evaluate.actor={d / 'actor/model'}")  # the seed's actor is played
+            override(raw, f"evaluate.extra={{actor_prm: {d / 'actor_prm/model'}}}")  # and PRM+RL's, beside it
+            override(raw, f"evaluate.best_of_n.critics={{prm: {d / 'critic_prm/model'}}}")
+        if raw["roles"]["forward"].get("backend") == "learned":  # HR's forward models, trained on this seed's logged dialogues
+            override(raw, f"forward.base_model={d / 'bootstrap/model'}")
+            override(raw, f"roles.forward.model={d / 'forward/models/model'}")
+            override(raw, f"roles.forward.hard_model={d / 'forward/models/hard_model'}")
         params = Params.model_validate(raw)
         done = d / "evaluate/metrics.json"
         if args.fresh and d.exists():
             shutil.rmtree(d)
         up = args.upstream / f"seed{seed}" if args.upstream else None
         written, wanted = d / "params.yaml", yaml.safe_dump(raw, sort_keys=False)
-        if written.exists() and written.read_text() != wanted:
+        # the same params, read as the stages read them: a knob added since, at its default, is no change
+        if written.exists() and Params.model_validate(yaml.safe_load(written.read_text())).model_dump() != params.model_dump():
             sys.exit(f"{d} holds a run with other params ({written}); pass --fresh to rerun it, or another --out")
         d.mkdir(parents=True, exist_ok=True)
         written.write_text(wanted)
-        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base)
+        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base, ACTOR_CRITIC if args.no_actor_critic else ())
 
     methods = {name: m.model_dump() for name, m in params.train.methods.items()}
     table = compare(results, dirs, methods)

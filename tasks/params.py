@@ -240,10 +240,15 @@ class RelabelParams(Strict):
     t: int = Field(ge=1)  # hope: timesteps per trajectory
     n: int = Field(ge=1)  # hope: distinct counterfactuals per timestep
     window: tuple[float, float] | None = None  # hope: timesteps j with a*T <= j < b*T; null: the environment's window
-    hr_top: int = Field(ge=1)  # hr: places the controller names; one is used
+    hr_top: int = Field(ge=1)  # hr: places the controller names
+    # hr: of those, the distinct places each dialogue is regenerated from (HR App. B.1 uses one; its
+    # 5x aggregation needs about 4 regenerations per dialogue and does not say how they are had)
+    hr_suggestions: int = Field(1, ge=1)
 
     @model_validator(mode="after")
     def _window(self) -> RelabelParams:
+        if self.hr_suggestions > self.hr_top:
+            raise ValueError(f"hr_suggestions ({self.hr_suggestions}) must not exceed hr_top ({self.hr_top}), the places they are drawn from")
         if self.window is None:
             return self
         a, b = self.window

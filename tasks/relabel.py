@@ -5,8 +5,9 @@ Two schemes, as the papers run them:
   its T turns (the environment's, or relabel.window's [a*T, b*T)); per timestep n distinct
   counterfactuals proposed from (prefix, summary). Too early and the policy has not yet
   narrowed anything; too late and the proposer could just name the secret.
-- hr: one suggestion per dialogue: the controller names the top few turns to improve and one of
-  them is chosen at random (HR App. B.1).
+- hr: the controller names the top few turns to improve (hr_top) and one of them is chosen at
+  random (HR App. B.1), or hr_suggestions distinct ones, each a regeneration of its own (HR's 5x
+  aggregation needs several per dialogue).
 A counterfactual equal to the original action (the environment's same_action) is dropped and
 counted, and so is a site where the oracle proposer finds no action better than the player's
 (`no_better_action`). An LLM proposer's or controller's output the environment refuses (in TwentyQuestions,
@@ -102,9 +103,9 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
                 if not places:
                     counts["no_place_to_improve"] += 1
                     continue
-                turn, proposal = rng.choice(places)
-                counts["proposed"] += 1
-                emit(traj, turn, 0, proposal)
+                for rank, (turn, proposal) in enumerate(_suggestions(rng, places, r.hr_suggestions)):
+                    counts["proposed"] += 1
+                    emit(traj, turn, rank, proposal)
                 continue
             turns = fraction_window(traj["num_turns"], *r.window) if r.window is not None else env.relabel_turns(traj["num_turns"])
             if not turns:
@@ -125,9 +126,9 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
             if outcome.status != "ok":
                 emit(traj, None, 0, None, outcome.status, outcome.reason)
                 continue
-            turn, proposal = rng.choice(outcome.value)  # HR: one of the named places, at random
-            counts["proposed"] += 1
-            emit(traj, turn, 0, proposal)
+            for rank, (turn, proposal) in enumerate(_suggestions(rng, outcome.value, r.hr_suggestions)):  # HR: a named place, at random
+                counts["proposed"] += 1
+                emit(traj, turn, rank, proposal)
         metrics["calls"] = account(outcomes, gen)
     elif not llm:
         for traj, turn in sites:
@@ -166,3 +167,9 @@ def run_relabel(params: Params, trajectories: Path, summaries: Path, out_dir: Pa
         check_failure_rate("relabel", "proposer", role, metrics["calls"])
     return metrics
 
+
+
+def _suggestions(rng: random.Random, places: list, n: int) -> list:
+    """n distinct places of those the controller named, at random (fewer if it named fewer). One
+    is drawn by choice, as HR's single suggestion always was, so its picks stay the same."""
+    return [rng.choice(places)] if n == 1 else rng.sample(places, min(n, len(places)))

@@ -206,17 +206,20 @@ def project(tmp_path: Path) -> Path:
     return make_project(tmp_path)
 
 
-def make_project(tmp_path: Path, methods: dict | None = None) -> Path:
-    """The `project` fixture's repository; `methods` replaces params.yaml's training methods."""
+def make_project(tmp_path: Path, methods: dict | None = None, env: dict | None = None, overrides: dict | None = None) -> Path:
+    """The `project` fixture's repository; `methods` replaces params.yaml's training methods, `env`
+    its env section (another environment), `overrides` are laid over the tiny params."""
     repo = tmp_path / "repo"
     repo.mkdir()
     for name in ("flows", "tasks", "storage", "envs", "models"):
         shutil.copytree(ROOT / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("dvc.yaml", ".dvcignore"):
         shutil.copy(ROOT / name, repo / name)
-    raw = tiny_params({"cache": {"path": ".retrosight/cache/responses.sqlite"}})
+    raw = tiny_params({"cache": {"path": ".retrosight/cache/responses.sqlite"}, **(overrides or {})})
     if methods is not None:
         raw["train"]["methods"] = methods
+    if env is not None:
+        raw["env"] = env
     (repo / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     run(["git", "init", "-q"], repo)
     run([str(BIN / "dvc"), "init", "-q"], repo)

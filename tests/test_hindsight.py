@@ -251,6 +251,27 @@ def test_relabel_hr_gives_at_most_one_suggestion_per_dialogue(logged, tmp_path):
     assert all(r["mode"] == "hr" for r in rows)
 
 
+def test_relabel_hr_suggestions_are_distinct_places_among_those_named(logged, tmp_path):
+    one = run_relabel(params(relabel={"mode": "hr"}), logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path / "one")
+    single = read_table(tmp_path / "one/relabels.parquet", "relabels").to_pylist()
+    m = run_relabel(params(relabel={"mode": "hr", "hr_suggestions": 3}), logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path / "three")
+    rows = read_table(tmp_path / "three/relabels.parquet", "relabels").to_pylist()
+    env = twenty_questions(20)
+    parents = {t["trajectory_id"]: t for t in read_table(logged / "trajectories.parquet").to_pylist()}
+    by_dialogue: dict[str, list] = {}
+    for r in rows:
+        by_dialogue.setdefault(r["trajectory_id"], []).append(r)
+    assert m["relabels"] == len(rows) > one["relabels"] and max(map(len, by_dialogue.values())) > 1
+    for tid, group in by_dialogue.items():
+        named = [turn for turn, _ in env.critique(env.task(group[0]["task_id"]), parents[tid]["turns"], 3)]
+        turns = [r["branch_turn"] for r in group]
+        assert len(set(turns)) == len(turns) <= 3 and set(turns) <= set(named)
+        assert sorted(r["rank"] for r in group) == list(range(len(group)))
+    with pytest.raises(ValueError, match="hr_suggestions"):
+        params(relabel={"mode": "hr", "hr_suggestions": 4})
+    assert len({r["trajectory_id"] for r in single}) == len(single)
+
+
 def test_splice_keeps_the_prefix_and_branches_at_the_right_turn(logged, tmp_path):
     run_relabel(params(), logged / "trajectories.parquet", logged / "summaries.parquet", tmp_path)
     relabels = read_table(tmp_path / "relabels.parquet", "relabels").to_pylist()
