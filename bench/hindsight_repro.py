@@ -96,7 +96,9 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         "buffer_prm": lambda: run_buffer(prm, trajectories, d / "buffer_prm"),
         "critic_prm": lambda: run_critic(prm, d / "buffer_prm/pairs.parquet", d / "critic_prm"),
         "actor_prm": lambda: run_actor(prm, d / "buffer_prm/pairs.parquet", trajectories, d / "summarize/summaries.parquet", d / "actor_prm"),
-        "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train", relabels=d / "relabel/relabels.parquet", trajectories=trajectories[0]),
+        # with checkpoints, a seed stopped mid-train resumes each method where it stopped (the longest stage)
+        "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train", d / "train_checkpoints",
+                                   relabels=d / "relabel/relabels.parquet", trajectories=trajectories[0]),
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
     }
     for stage in STAGES:
@@ -124,7 +126,11 @@ REPLACED = {("train", "methods")}
 
 
 def merge(raw: dict, overlay: dict, at: tuple[str, ...] = ()) -> None:
-    """Lay a preset over params, key by key (a mapping is merged, anything else replaced)."""
+    """Lay a preset over params, key by key (a mapping is merged, anything else replaced). A
+    preset naming another environment replaces env: params.yaml's env keys are the old one's
+    (as `retrosight run -S env.name=...` drops them)."""
+    if not at and overlay.get("env", {}).get("name", raw.get("env", {}).get("name")) != raw.get("env", {}).get("name"):
+        raw["env"] = {}
     for key, value in overlay.items():
         if isinstance(value, dict) and isinstance(raw.get(key), dict) and (*at, key) not in REPLACED:
             merge(raw[key], value, (*at, key))
