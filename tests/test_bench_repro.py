@@ -57,6 +57,28 @@ def test_the_reproduction_preset_is_valid_params():
     assert p.env.environment().options.observation == "known" and p.bootstrap.demo_splits == ["train"]
 
 
+def test_a_preset_naming_another_environment_starts_from_its_defaults():
+    raw = {"env": {"name": "twenty_questions", "max_turns": 20, "show_candidates": False}, "seed": 0}
+    hindsight_repro.merge(raw, {"env": {"name": "persuasion", "max_turns": 6}})
+    assert raw == {"env": {"name": "persuasion", "max_turns": 6}, "seed": 0}
+    same = {"env": {"name": "twenty_questions", "max_turns": 20, "show_candidates": False}}
+    hindsight_repro.merge(same, {"env": {"observation": "known"}})
+    assert same == {"env": {"name": "twenty_questions", "max_turns": 20, "show_candidates": False, "observation": "known"}}
+
+
+def test_the_persuasion_preset_is_hrs_arms_on_learned_forward_models():
+    from tasks.params import Params
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    hindsight_repro.merge(raw, yaml.safe_load((ROOT / "bench/presets/hr_persuasion.yaml").read_text()))
+    p = Params.model_validate(raw)
+    assert (p.env.name, p.relabel.mode, p.roles.forward.backend) == ("persuasion", "hr", "learned")
+    methods = {name: m.model_dump() for name, m in p.train.methods.items()}
+    assert {m: hindsight_repro.logged_arm(m, methods) for m in methods} == {
+        "ilql_logged": None, "ilql": "ilql_logged", "filtered_bc_logged": None, "filtered_bc": "filtered_bc_logged"}
+    assert len(p.evaluate.splits) * 40 * p.evaluate.episodes_per_task == 400  # HR's 400 simulated interactions a method
+
+
 @pytest.mark.system
 
 def test_repro_bench_small(tmp_path):
