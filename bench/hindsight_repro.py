@@ -10,7 +10,8 @@ it, key by key; its train.methods, the arms, replaces params.yaml's) and the ove
 the same stage functions `retrosight run` calls. It prints, per policy (the base and every method of train.methods): success and mean return on each
 evaluated split as mean ± standard error over seeds; and for each hindsight arm, its difference
 from its logged-only arm (same algorithm, `data: logged`; Swift, which has none, against Refit's)
-with a paired 95% interval over the same evaluation episodes of every seed. --results writes that
+with a paired 95% interval over the same evaluation episodes of every seed, and every policy's
+difference from the base on the held-out episodes the same way. --results writes that
 table as JSON, the points of the plot of success by arm and seed, and the plot itself as SVG.
 A seed whose evaluation is already on disk is read back rather than rerun (--fresh reruns it), and
 a stopped seed resumes after its last finished stage.
@@ -191,13 +192,17 @@ def compare(results: dict[int, dict], dirs: dict[int, Path], methods: dict) -> d
     # HOPE against PRM+RL: the critic (and the actor it trains) with hindsight against without
     for name in first["policies"]:
         against[name] = "actor_prm" if name == "actor" else f"{name}[prm]" if "+best_of_" in name and not name.endswith("]") else against.get(name)
+    def over_seeds(name: str, base: str) -> dict:
+        a = {(s, *k): v for s in seeds for k, v in episodes[s][name].items()}
+        b = {(s, *k): v for s in seeds for k, v in episodes[s][base].items()}
+        return {split: paired({k: v for k, v in a.items() if split == "heldout" or k[1] == split}, b) for split in splits}
+
     for name, base in against.items():
         if base is None or base not in first["policies"]:
             continue
-        a = {(s, *k): v for s in seeds for k, v in episodes[s][name].items()}
-        b = {(s, *k): v for s in seeds for k, v in episodes[s][base].items()}
-        table["paired"][name] = {"against": base, **{
-            split: paired({k: v for k, v in a.items() if split == "heldout" or k[1] == split}, b) for split in splits}}
+        table["paired"][name] = {"against": base, **over_seeds(name, base)}
+    # and every policy against the base it started from: does anything beat it?
+    table["versus_base"] = {name: over_seeds(name, "bootstrap") for name in first["policies"] if name != "bootstrap"}
     return table
 
 
@@ -219,6 +224,11 @@ def show(table: dict, sets: list[str], preset: Path | None) -> None:
                 f"return {p[s]['return']['diff']:+.2f} [{p[s]['return']['ci95'][0]:+.2f}, {p[s]['return']['ci95'][1]:+.2f}]"
                 for s in splits)
             print(f"  {name} - {p['against']} (n = {p['heldout']['episodes']}): {cells}")
+    print("\nEach policy minus the base, paired over the same held-out episodes (95% interval):")
+    for name, p in table["versus_base"].items():
+        h = p["heldout"]
+        print(f"  {name} - bootstrap (n = {h['episodes']}): success {h['success']['diff']:+.3f} [{h['success']['ci95'][0]:+.3f}, "
+              f"{h['success']['ci95'][1]:+.3f}], return {h['return']['diff']:+.2f} [{h['return']['ci95'][0]:+.2f}, {h['return']['ci95'][1]:+.2f}]")
 
 
 def write_results(table: dict, out: Path) -> None:

@@ -123,6 +123,18 @@ def test_repro_bench_small(tmp_path):
     assert p["success"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-4)
     assert p["success"]["ci95"][0] <= p["success"]["diff"] <= p["success"]["ci95"][1]
     assert "refit - refit_logged" in proc.stdout and "Hindsight arm minus its logged-only arm" in proc.stdout
+    # every policy against the base, over the same episodes
+    assert set(table["versus_base"]) == set(table["policies"]) - {"bootstrap"}
+    base_diffs = []
+    for d in (out / "seed0", out / "seed1"):
+        ids = {n: p["policy_id"] for n, p in json.loads((d / "evaluate/metrics.json").read_text())["policies"].items()}
+        eps = pl.read_parquet(d / "evaluate/episodes.parquet").unique(["policy_id", "split", "task_id", "seed"])
+        a = eps.filter(pl.col("policy_id") == ids["actor"]).select("split", "task_id", "seed", a="return")
+        b = eps.filter(pl.col("policy_id") == ids["bootstrap"]).select("split", "task_id", "seed", b="return")
+        joined = a.join(b, on=["split", "task_id", "seed"])
+        base_diffs += (joined["a"] - joined["b"]).to_list()
+    assert table["versus_base"]["actor"]["heldout"]["return"]["diff"] == pytest.approx(sum(base_diffs) / len(base_diffs), abs=1e-4)
+    assert "actor - bootstrap (n = " in proc.stdout
     points = json.loads((results / "success.json").read_text())
     assert len(points) == 10 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")  # six arms, two actors, best-of-N with two critics
     # A stopped seed resumes after its last finished stage, and only with the params it ran with.
