@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tasks.evaluate import mean_se  # noqa: E402
-from tasks.params import Params  # noqa: E402
+from tasks.params import Params, lay_preset, read_preset  # noqa: E402
 
 STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_prm", "train", "evaluate"]
 
@@ -120,23 +120,6 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         done.write_text(f"{time.time() - t0:.0f} s\n")
         print(f"[seed {params.seed}] {stage} done in {time.time() - t0:.0f}s", flush=True)
     return json.loads((d / "evaluate/metrics.json").read_text())
-
-
-# A preset's arms are the arms: its train.methods replaces params.yaml's rather than adding to them.
-REPLACED = {("train", "methods")}
-
-
-def merge(raw: dict, overlay: dict, at: tuple[str, ...] = ()) -> None:
-    """Lay a preset over params, key by key (a mapping is merged, anything else replaced). A
-    preset naming another environment replaces env: params.yaml's env keys are the old one's
-    (as `retrosight run -S env.name=...` drops them)."""
-    if not at and overlay.get("env", {}).get("name", raw.get("env", {}).get("name")) != raw.get("env", {}).get("name"):
-        raw["env"] = {}
-    for key, value in overlay.items():
-        if isinstance(value, dict) and isinstance(raw.get(key), dict) and (*at, key) not in REPLACED:
-            merge(raw[key], value, (*at, key))
-        else:
-            raw[key] = value
 
 
 def logged_arm(name: str, methods: dict) -> str | None:
@@ -272,7 +255,7 @@ def main() -> None:
     for seed in args.seeds:
         raw = yaml.safe_load((ROOT / "params.yaml").read_text())
         if args.preset:
-            merge(raw, yaml.safe_load(args.preset.read_text()) or {})
+            lay_preset(raw, read_preset(args.preset))
         for s in [*args.sets, f"seed={seed}"]:
             override(raw, s)
         d = dirs[seed] = args.out / f"seed{seed}"

@@ -73,23 +73,26 @@ def run(
     set_param: Annotated[Optional[list[str]], typer.Option("--set-param", "-S", help="Override a param for this run, e.g. -S relabel.k=8 (recorded as a DVC experiment).")] = None,
     name: Annotated[Optional[str], typer.Option("--name", "-n", help="Save the run as a DVC experiment with this name.")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="If another run holds this workspace, wait for it instead of refusing.")] = False,
+    preset: Annotated[Optional[Path], typer.Option("--preset", help="Lay a params file over params.yaml first, as the benchmarks do (bench/presets/); -S overrides it. Recorded as a DVC experiment.")] = None,
 ) -> None:
     """Reproduce the pipeline through DVC; stale stages run as Prefect flows, the rest are skipped."""
     from flows import pipeline as p
 
+    if not Path("dvc.yaml").exists():
+        _fail(f"no dvc.yaml in {Path.cwd()}: run retrosight from the project's directory")
     names = p.stage_names()
-    if stage is not None and stage not in names and not set_param:  # with -S, checked after the overrides
+    if stage is not None and stage not in names and not set_param and not preset:  # with -S, checked after the overrides
         _fail(f"unknown stage '{stage}' (stages: {', '.join(names)})")
     if only and stage is None:
         _fail("--only needs a STAGE")
     try:
         with p.workspace_lock("retrosight " + " ".join(sys.argv[1:]), wait, on_wait=console.print):
-            _run(stage, force, only, set_param, name)
+            _run(stage, force, only, set_param, name, preset)
     except p.WorkspaceBusy as e:
         _fail(str(e))
 
 
-def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None, name: str | None) -> None:
+def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None, name: str | None, preset: Path | None = None) -> None:
     from flows import pipeline as p
     from flows.common import log_to_file
     from flows.schedule import run_name
@@ -105,6 +108,8 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
         _fail(message)
 
     try:
+        if preset is not None:
+            p.apply_preset(preset, params_file)
         if set_param:
             p.apply_overrides(set_param, params_file)
         load_params()  # fail before any work on a bad params.yaml
@@ -117,7 +122,7 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
         if only and (stale := p.stale_upstream(stage)):
             refuse(f"--only {stage}: its inputs are stale ({', '.join(stale)} changed); run `retrosight run {stage}` to rerun them too")
         t0 = time.time()
-        experiment = name or (run_name("run", None) if set_param else None)
+        experiment = name or (run_name("run", None) if set_param or preset else None)
         if experiment and experiment in {v.name for v in list_versions(Path("."))}:
             refuse(f"--name {experiment}: a version of that name exists (see `retrosight versions`); choose another")
         if stage is None and not force and not experiment and not p.stale_stages():
@@ -131,7 +136,7 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
         console.print(f"  {stage_name}: {outcome}")
     console.print(f"Done in {time.time() - t0:.1f}s.")
     if experiment:
-        what = " ".join(set_param or []) or "no overrides"
+        what = " ".join([*([f"--preset {preset}"] if preset else []), *(set_param or [])]) or "no overrides"
         try:
             stale = p.save_experiment(experiment, f"retrosight run {stage or ''} {what}".replace("  ", " "))
         except p.StageFailed as e:

@@ -132,6 +132,40 @@ def env_switch(overrides: list[str], params: Path) -> list[str]:
     return [f"~env.{key}" for key in env if key != "name" and key not in given]
 
 
+def apply_preset(preset: Path, params: Path = Path("params.yaml")) -> None:
+    """`--preset FILE`: lay a params file over params.yaml as the benchmarks do (tasks.params.lay_preset:
+    mappings merge, train.methods and another environment's env replace), keeping params.yaml's comments."""
+    import copy
+
+    from dvc.utils.collections import merge_dicts, remove_missing_keys
+    from dvc.utils.serialize import modify_yaml
+
+    from tasks.params import PRESET_REPLACES, lay_preset, read_preset
+
+    overlay = read_preset(preset)
+    with modify_yaml(params) as data:
+        new = copy.deepcopy(dict(data))
+        lay_preset(new, overlay)
+        # a mapping the preset replaces is emptied where it stands, so its keys come in the preset's order
+        cleared = [path for path in PRESET_REPLACES if _at(overlay, path) is not None]
+        if (new.get("env") or {}).get("name") != (data.get("env") or {}).get("name"):
+            cleared.append(("env",))
+        for path in cleared:
+            if isinstance(node := _at(data, path), dict):
+                node.clear()
+        merge_dicts(data, new)
+        remove_missing_keys(data, new)
+
+
+def _at(mapping: dict, path: tuple[str, ...]):
+    """The value at a key path, or None."""
+    for key in path:
+        if not isinstance(mapping, dict) or key not in mapping:
+            return None
+        mapping = mapping[key]
+    return mapping
+
+
 def apply_overrides(overrides: list[str], params: Path = Path("params.yaml")) -> None:
     """`-S relabel.k=8`: the same override grammar as `dvc exp run -S` (Hydra), applied to params.yaml.
     A switch of environment drops the old one's env keys first (env_switch)."""

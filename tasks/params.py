@@ -539,6 +539,37 @@ class ParamsError(ValueError):
     pass
 
 
+# A preset's arms are the arms: its train.methods replaces params.yaml's rather than adding to them.
+PRESET_REPLACES = {("train", "methods")}
+
+
+def lay_preset(raw: dict, preset: dict, at: tuple[str, ...] = ()) -> None:
+    """Lay a preset (a params file, bench/presets/) over params in place, key by key: a mapping
+    merges, anything else replaces, and train.methods is replaced whole. A preset naming another
+    environment replaces env: params.yaml's env keys are the old one's (as -S env.name=... drops them)."""
+    if not at and (preset.get("env") or {}).get("name", (raw.get("env") or {}).get("name")) != (raw.get("env") or {}).get("name"):
+        raw["env"] = {}
+    for key, value in preset.items():
+        if isinstance(value, dict) and isinstance(raw.get(key), dict) and (*at, key) not in PRESET_REPLACES:
+            lay_preset(raw[key], value, (*at, key))
+        else:
+            raw[key] = value
+
+
+def read_preset(path: str | Path) -> dict:
+    """A preset file: a YAML mapping of params keys (ParamsError naming the file otherwise)."""
+    path = Path(path)
+    try:
+        preset = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"preset {path}: not found") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"preset {path}: not valid YAML: {e}") from None
+    if not isinstance(preset, dict):
+        raise ParamsError(f"preset {path}: expected a mapping of params keys, got {type(preset).__name__}")
+    return preset
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
     try:

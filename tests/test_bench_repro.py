@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
 import hindsight_repro  # noqa: E402
+from tasks.params import lay_preset  # noqa: E402
 
 
 def test_paired_difference_and_its_interval_on_hand_made_episodes():
@@ -43,7 +44,7 @@ def test_each_hindsight_arm_is_paired_with_its_logged_only_arm():
 
 def test_a_presets_arms_replace_the_params_arms_and_other_keys_merge():
     raw = {"collect": {"m": 3, "batch_size": 512}, "train": {"epochs": 2, "methods": {"a": {"algorithm": "sft"}}}}
-    hindsight_repro.merge(raw, {"collect": {"m": 14}, "train": {"methods": {"b": {"algorithm": "refit"}}}})
+    lay_preset(raw, {"collect": {"m": 14}, "train": {"methods": {"b": {"algorithm": "refit"}}}})
     assert raw == {"collect": {"m": 14, "batch_size": 512}, "train": {"epochs": 2, "methods": {"b": {"algorithm": "refit"}}}}
 
 
@@ -52,17 +53,17 @@ def test_the_reproduction_preset_is_valid_params():
     from tasks.params import Params
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    hindsight_repro.merge(raw, yaml.safe_load((ROOT / "bench/presets/hope_20q.yaml").read_text()))
+    lay_preset(raw, yaml.safe_load((ROOT / "bench/presets/hope_20q.yaml").read_text()))
     p = Params.model_validate(raw)
     assert p.env.environment().options.observation == "known" and p.bootstrap.demo_splits == ["train"]
 
 
 def test_a_preset_naming_another_environment_starts_from_its_defaults():
     raw = {"env": {"name": "twenty_questions", "max_turns": 20, "show_candidates": False}, "seed": 0}
-    hindsight_repro.merge(raw, {"env": {"name": "persuasion", "max_turns": 6}})
+    lay_preset(raw, {"env": {"name": "persuasion", "max_turns": 6}})
     assert raw == {"env": {"name": "persuasion", "max_turns": 6}, "seed": 0}
     same = {"env": {"name": "twenty_questions", "max_turns": 20, "show_candidates": False}}
-    hindsight_repro.merge(same, {"env": {"observation": "known"}})
+    lay_preset(same, {"env": {"observation": "known"}})
     assert same == {"env": {"name": "twenty_questions", "max_turns": 20, "show_candidates": False, "observation": "known"}}
 
 
@@ -70,7 +71,7 @@ def test_the_persuasion_preset_is_hrs_arms_on_learned_forward_models():
     from tasks.params import Params
 
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
-    hindsight_repro.merge(raw, yaml.safe_load((ROOT / "bench/presets/hr_persuasion.yaml").read_text()))
+    lay_preset(raw, yaml.safe_load((ROOT / "bench/presets/hr_persuasion.yaml").read_text()))
     p = Params.model_validate(raw)
     assert (p.env.name, p.relabel.mode, p.roles.forward.backend) == ("persuasion", "hr", "learned")
     methods = {name: m.model_dump() for name, m in p.train.methods.items()}

@@ -60,3 +60,30 @@ def test_every_dvc_stage_has_its_flow_and_each_is_imported_alone():
     # In a new process, summarize's flow does not bring the actor's module or TRL with it.
     alone = "from flows.cli import _stage_flow; import sys; _stage_flow('summarize'); print(sorted({'flows.actor', 'flows.train', 'trl'} & set(sys.modules)))"
     assert run([str(BIN / "python"), "-c", alone], ROOT).stdout.strip() == "[]"
+
+
+def test_a_preset_is_laid_over_params_yaml_keeping_its_comments(tmp_path):
+    from flows.pipeline import apply_preset
+    from tasks.params import load_params
+
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    apply_preset(ROOT / "bench/presets/hr_persuasion.yaml", params)
+    p = load_params(params)
+    assert p.env.name == "persuasion" and p.env.environment().options.max_turns == 10  # persuasion's own default, not 20Q's 20
+    assert list(p.train.methods) == ["ilql_logged", "ilql", "filtered_bc_logged", "filtered_bc"]  # the arms replaced whole
+    assert p.relabel.hr_suggestions == 3 and p.relabel.k == 2  # merged: the preset's key set, params.yaml's others kept
+    text = params.read_text()
+    assert "# HOPE's replay buffer and critic targets" in text  # comments of untouched keys stay
+
+
+def test_run_with_a_bad_preset_names_it_and_leaves_params_yaml_alone(tmp_path):
+    out = run([str(BIN / "retrosight"), "run"], tmp_path, check=False)
+    assert out.returncode != 0 and "no dvc.yaml in" in out.stdout + out.stderr, out.stdout + out.stderr
+    for name in ("params.yaml", "dvc.yaml"):
+        (tmp_path / name).write_text((ROOT / name).read_text())
+    for preset, says in (("missing.yaml", "preset missing.yaml: not found"), ("list.yaml", "expected a mapping of params keys")):
+        (tmp_path / "list.yaml").write_text("- a\n- b\n")
+        out = run([str(BIN / "retrosight"), "run", "--preset", preset], tmp_path, check=False)
+        assert out.returncode != 0 and says in out.stdout + out.stderr, out.stdout + out.stderr
+        assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
