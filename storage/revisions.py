@@ -8,6 +8,7 @@ fetched from the default remote first when the cache lacks it.
 from __future__ import annotations
 
 import atexit
+import fnmatch
 import gc
 import json
 import subprocess
@@ -149,7 +150,7 @@ class Revision:
 
             return list_tables(self.repo / "data")
         infos, self.missing = [], []
-        for path in sorted(p for pattern in PATTERNS for p in self.fs.glob(f"data/{pattern}")):
+        for path in self._table_paths():
             try:
                 local = self._local(path)
             except FileNotFoundError:
@@ -157,6 +158,29 @@ class Revision:
                 continue
             infos.append(table_info(local, stage=stage_of(Path(path)), table=Path(path).stem))
         return infos
+
+    def _table_paths(self) -> list[str]:
+        """The paths PATTERNS match at this revision, listed a level at a time. A glob walks into
+        every directory output, and listing one (a model's) needs its manifest from the cache or
+        the remote: in a clone that never fetched it, that failed every table. Here only the
+        directories a pattern descends into are listed."""
+        from dvc_data.index.index import DataIndexError
+
+        found: list[str] = []
+        for pattern in PATTERNS:
+            level, parts = ["data"], pattern.split("/")
+            for depth, part in enumerate(parts):
+                files, below = depth == len(parts) - 1, []
+                for directory in level:
+                    try:
+                        entries = self.fs.ls(directory, detail=True)
+                    except (FileNotFoundError, NotADirectoryError, DataIndexError):
+                        continue
+                    below += [e["name"] for e in entries
+                              if fnmatch.fnmatch(e["name"].rsplit("/", 1)[-1], part) and (e["type"] == "file") == files]
+                level = below
+            found += level
+        return sorted(set(found))
 
     def table(self, name: str) -> TableInfo:
         """A table by `<stage>.<table>`, or `<table>` when one stage alone writes that name."""

@@ -66,6 +66,22 @@ def test_a_table_neither_cache_nor_remote_holds_is_named(repo):
         old.table("labels")
 
 
+def test_a_directory_output_whose_manifest_is_not_in_the_cache_does_not_hide_the_tables(repo):
+    # A model directory beside the tables, as bootstrap writes: in a fresh clone neither its files
+    # nor its manifest are in the cache, and listing the revision must not open it.
+    model = repo / "data" / "bootstrap" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    write_table(_labels(2, -5.0), repo / "data" / "bootstrap" / "demos.parquet", "labels")
+    run([str(BIN / "dvc"), "add", "-q", "data/bootstrap/model", "data/bootstrap/demos.parquet"], repo)
+    run(["git", "add", "-A"], repo)
+    run([*GIT, "commit", "-qm", "with a model"], repo)
+    run(["git", "tag", "run2"], repo)
+    shutil.rmtree(repo / ".dvc" / "cache")
+    rev = Revision(repo, "run2")
+    assert rev.tables() == [] and rev.missing == ["data/bootstrap/demos.parquet", "data/label/labels.parquet"]
+
+
 def test_versions_are_the_commits_that_change_dvc_lock_oldest_first(repo):
     # `dvc add` writes .dvc files, not dvc.lock: a pipeline commit is what makes a version.
     assert list_versions(repo) == []
