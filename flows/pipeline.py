@@ -140,6 +140,7 @@ def apply_preset(preset: Path, params: Path = Path("params.yaml")) -> None:
     from dvc.utils.collections import merge_dicts, remove_missing_keys
     from dvc.utils.serialize import modify_yaml
 
+    from storage.revisions import lookup
     from tasks.params import PRESET_REPLACES, lay_preset, read_preset
 
     overlay = read_preset(preset)
@@ -147,23 +148,14 @@ def apply_preset(preset: Path, params: Path = Path("params.yaml")) -> None:
         new = copy.deepcopy(dict(data))
         lay_preset(new, overlay)
         # a mapping the preset replaces is emptied where it stands, so its keys come in the preset's order
-        cleared = [path for path in PRESET_REPLACES if _at(overlay, path) is not None]
+        cleared = [key for key in PRESET_REPLACES if lookup(overlay, key, None) is not None]
         if (new.get("env") or {}).get("name") != (data.get("env") or {}).get("name"):
-            cleared.append(("env",))
-        for path in cleared:
-            if isinstance(node := _at(data, path), dict):
+            cleared.append("env")
+        for key in cleared:
+            if isinstance(node := lookup(data, key, None), dict):
                 node.clear()
         merge_dicts(data, new)
         remove_missing_keys(data, new)
-
-
-def _at(mapping: dict, path: tuple[str, ...]):
-    """The value at a key path, or None."""
-    for key in path:
-        if not isinstance(mapping, dict) or key not in mapping:
-            return None
-        mapping = mapping[key]
-    return mapping
 
 
 def apply_overrides(overrides: list[str], params: Path = Path("params.yaml")) -> None:

@@ -246,7 +246,7 @@ class RelabelParams(Strict):
     hr_suggestions: int = Field(1, ge=1)
 
     @model_validator(mode="after")
-    def _window(self) -> RelabelParams:
+    def _valid(self) -> RelabelParams:
         if self.hr_suggestions > self.hr_top:
             raise ValueError(f"hr_suggestions ({self.hr_suggestions}) must not exceed hr_top ({self.hr_top}), the places they are drawn from")
         if self.window is None:
@@ -540,7 +540,7 @@ class ParamsError(ValueError):
 
 
 # A preset's arms are the arms: its train.methods replaces params.yaml's rather than adding to them.
-PRESET_REPLACES = {("train", "methods")}
+PRESET_REPLACES = {"train.methods"}
 
 
 def lay_preset(raw: dict, preset: dict, at: tuple[str, ...] = ()) -> None:
@@ -550,7 +550,7 @@ def lay_preset(raw: dict, preset: dict, at: tuple[str, ...] = ()) -> None:
     if not at and (preset.get("env") or {}).get("name", (raw.get("env") or {}).get("name")) != (raw.get("env") or {}).get("name"):
         raw["env"] = {}
     for key, value in preset.items():
-        if isinstance(value, dict) and isinstance(raw.get(key), dict) and (*at, key) not in PRESET_REPLACES:
+        if isinstance(value, dict) and isinstance(raw.get(key), dict) and ".".join((*at, key)) not in PRESET_REPLACES:
             lay_preset(raw[key], value, (*at, key))
         else:
             raw[key] = value
