@@ -1,0 +1,66 @@
+"""The whole DAG on each environment beside TwentyQuestions, as a user takes a quick look at one
+(docs/environments.md): `retrosight run -S env.name=X -S limit_tasks=2` in a fresh repository
+with the tiny preset, through Prefect and `dvc repro`. Every stage runs, and what they write is
+that environment's: its tasks, its scripted policies, its trajectories through evaluate."""
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from conftest import BIN, make_project, run
+
+pytestmark = pytest.mark.system
+
+STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "proposer", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
+
+# Each environment's own -S keys, and room for its longest scripted action: a policy cut short of
+# its format writes nothing the environment can parse.
+ENVIRONMENTS = {
+    "guess_my_city": (["env.max_turns=6", "env.show_candidates=false"], 64),
+    "car_dealer": (["env.max_turns=3"], 100),
+    "persuasion": (["env.max_turns=4"], 64),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ENVIRONMENTS))
+def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
+    keys, tokens = ENVIRONMENTS[name]
+    sampling = {"max_new_tokens": tokens}
+    # the tiny preset (TwentyQuestions' env keys); bootstrap and collect take the top-level
+    # limit_tasks the run sets, evaluate keeps its own (1), which wins
+    repo = make_project(tmp_path, overrides={
+        "bootstrap": {"limit_tasks": None, "facts_per_object": 0, "demos_per_task": 1, "eval_sampling": sampling,
+                      "behaviour_mix": {"expert": 0.4, "noisy": 0.3, "random": 0.3}},
+        "collect": {"limit_tasks": None, "m": 1, "sampling": sampling}, "regenerate": {"sampling": sampling},
+        "actor": {"sampling": sampling}, "evaluate": {"sampling": sampling}})
+
+    sets = [arg for key in [f"env.name={name}", *keys, "limit_tasks=2"] for arg in ("-S", key)]
+    out = run([str(BIN / "retrosight"), "run", *sets], repo, timeout=1800)
+    for stage in STAGES:
+        assert f"{stage}: ran" in out.stdout, out.stdout[-3000:]
+    env = yaml.safe_load((repo / "params.yaml").read_text())["env"]
+    assert env["name"] == name and "observation" not in env  # TwentyQuestions' keys dropped
+
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())
+    assert set(lock["stages"]) == set(STAGES)
+    status = run([str(BIN / "dvc"), "status"], repo).stdout
+    assert "up to date" in status, status
+
+    bootstrap = json.loads((repo / "data/bootstrap/metrics.json").read_text())
+    assert {"expert", "noisy", "random"} <= set(bootstrap["scripted"])
+    logged = pq.read_table(repo / "data/collect/trajectories.parquet").to_pylist()
+    assert logged and {r["env"] for r in logged} == {name}
+    splits = {r["split"] for r in logged}
+    assert len(logged) == len({r["task_id"] for r in logged}) == 2 * len(splits)  # 2 tasks a split, m = 1
+    demos = pq.read_table(repo / "data/bootstrap/demos.parquet").to_pylist()
+    assert len({r["task_id"] for r in demos}) == 2
+    for table in ("summarize/summaries", "label/labels", "buffer/pairs"):
+        assert pq.read_table(repo / f"data/{table}.parquet").num_rows > 0, table
+    played = pq.read_table(repo / "data/evaluate/episodes.parquet").to_pylist()
+    assert played and {r["env"] for r in played} == {name}
+    assert {r["split"]: r["task_id"] for r in played}.keys() == {"val", "test"}
+    assert len({r["task_id"] for r in played}) == 2  # evaluate's own limit_tasks: 1 a split
+    assert {"bootstrap", "actor", "sft"} <= {r["policy_id"].split(":")[0] for r in played}
+    evaluation = json.loads((repo / "data/evaluate/metrics.json").read_text())
+    assert {"bootstrap", "actor", "sft"} <= set(evaluation["policies"])
