@@ -36,7 +36,7 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
         "actor": {"sampling": sampling}, "evaluate": {"sampling": sampling}})
 
     sets = [arg for key in [f"env.name={name}", *keys, "limit_tasks=2"] for arg in ("-S", key)]
-    out = run([str(BIN / "retrosight"), "run", *sets], repo, timeout=1800)
+    out = run([str(BIN / "retrosight"), "run", *sets], repo, timeout=3000)
     for stage in STAGES:
         assert f"{stage}: ran" in out.stdout, out.stdout[-3000:]
     env = yaml.safe_load((repo / "params.yaml").read_text())["env"]
