@@ -559,25 +559,25 @@ def lay_preset(raw: dict, preset: dict, at: tuple[str, ...] = ()) -> None:
 def read_preset(path: str | Path) -> dict:
     """A preset file: a YAML mapping of params keys (ParamsError naming the file otherwise)."""
     path = Path(path)
-    try:
-        preset = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ParamsError(f"preset {path}: not found") from None
-    except yaml.YAMLError as e:
-        raise ParamsError(f"preset {path}: not valid YAML: {e}") from None
+    preset = _read_yaml(path, f"preset {path}")
     if not isinstance(preset, dict):
         raise ParamsError(f"preset {path}: expected a mapping of params keys, got {type(preset).__name__}")
     return preset
 
 
+def _read_yaml(path: Path, what: str) -> object:
+    """The YAML at path; ParamsError saying `what` is not found or not valid YAML."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ParamsError(f"{what}: not found") from None
+    except yaml.YAMLError as e:
+        raise ParamsError(f"{what}: not valid YAML: {e}") from None
+
+
 def load_params(path: str | Path = "params.yaml") -> Params:
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ParamsError(f"{path}: not found") from None
-    except yaml.YAMLError as e:
-        raise ParamsError(f"{path}: not valid YAML: {e}") from None
+    raw = _read_yaml(path, str(path))
     try:
         return Params.model_validate(raw or {})
     except ValidationError as e:

@@ -86,7 +86,7 @@ def test_a_valid_key_passes(key):
         ("relabl.k", r"did you mean relabel\.k\?"),
         ("roles.sumarizer.model", r"did you mean roles\.summarizer\.model\?"),
         ("train.methods.refit.algoritm", r"did you mean train\.methods\.refit\.algorithm\?"),  # under a name of the user's own
-        ("relabel.zzzz", r"unknown param 'relabel\.zzzz' \(relabel has: mode, splits, k, t, n, window, hr_top\)"),
+        ("relabel.zzzz", r"unknown param 'relabel\.zzzz' \(relabel has: mode, splits, k, t, n, window, hr_top, hr_suggestions\)"),
         ("relabel.k.x", r"relabel\.k is a value, with no keys under it"),
     ],
 )
