@@ -80,6 +80,20 @@ def test_the_persuasion_preset_is_hrs_arms_on_learned_forward_models():
     assert len(p.evaluate.splits) * 40 * p.evaluate.episodes_per_task == 400  # HR's 400 simulated interactions a method
 
 
+def episode_diffs(dirs: list[Path], name: str, base: str, column: str) -> list[float]:
+    """`column` of policy `name` minus `base`'s, over the evaluation episodes both played, read
+    from each seed's episodes on disk (not through the bench's code)."""
+    diffs = []
+    for d in dirs:
+        ids = {n: p["policy_id"] for n, p in json.loads((d / "evaluate/metrics.json").read_text())["policies"].items()}
+        eps = pl.read_parquet(d / "evaluate/episodes.parquet").unique(["policy_id", "split", "task_id", "seed"])
+        a = eps.filter(pl.col("policy_id") == ids[name]).select("split", "task_id", "seed", a=column)
+        b = eps.filter(pl.col("policy_id") == ids[base]).select("split", "task_id", "seed", b=column)
+        joined = a.join(b, on=["split", "task_id", "seed"])
+        diffs += (joined["a"].cast(float) - joined["b"].cast(float)).to_list()
+    return diffs
+
+
 @pytest.mark.system
 
 def test_repro_bench_small(tmp_path):
@@ -111,14 +125,7 @@ def test_repro_bench_small(tmp_path):
         "refit": "refit_logged", "swift": "refit_logged", "filtered_bc": "filtered_bc_logged",
         "actor": "actor_prm", "bootstrap+best_of_4": "bootstrap+best_of_4[prm]",  # HOPE against PRM+RL
     }
-    diffs = []
-    for d in (out / "seed0", out / "seed1"):
-        ids = {n: p["policy_id"] for n, p in json.loads((d / "evaluate/metrics.json").read_text())["policies"].items()}
-        eps = pl.read_parquet(d / "evaluate/episodes.parquet").unique(["policy_id", "split", "task_id", "seed"])
-        a = eps.filter(pl.col("policy_id") == ids["refit"]).select("split", "task_id", "seed", a="success")
-        b = eps.filter(pl.col("policy_id") == ids["refit_logged"]).select("split", "task_id", "seed", b="success")
-        joined = a.join(b, on=["split", "task_id", "seed"])
-        diffs += (joined["a"].cast(float) - joined["b"].cast(float)).to_list()
+    diffs = episode_diffs([out / "seed0", out / "seed1"], "refit", "refit_logged", "success")
     p = table["paired"]["refit"]["heldout"]
     assert p["episodes"] == len(diffs) > 0
     assert p["success"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-4)
@@ -126,14 +133,7 @@ def test_repro_bench_small(tmp_path):
     assert "refit - refit_logged" in proc.stdout and "Hindsight arm minus its logged-only arm" in proc.stdout
     # every policy against the base, over the same episodes
     assert set(table["versus_base"]) == set(table["policies"]) - {"bootstrap"}
-    base_diffs = []
-    for d in (out / "seed0", out / "seed1"):
-        ids = {n: p["policy_id"] for n, p in json.loads((d / "evaluate/metrics.json").read_text())["policies"].items()}
-        eps = pl.read_parquet(d / "evaluate/episodes.parquet").unique(["policy_id", "split", "task_id", "seed"])
-        a = eps.filter(pl.col("policy_id") == ids["actor"]).select("split", "task_id", "seed", a="return")
-        b = eps.filter(pl.col("policy_id") == ids["bootstrap"]).select("split", "task_id", "seed", b="return")
-        joined = a.join(b, on=["split", "task_id", "seed"])
-        base_diffs += (joined["a"] - joined["b"]).to_list()
+    base_diffs = episode_diffs([out / "seed0", out / "seed1"], "actor", "bootstrap", "return")
     assert table["versus_base"]["actor"]["heldout"]["return"]["diff"] == pytest.approx(sum(base_diffs) / len(base_diffs), abs=1e-4)
     assert "actor - bootstrap (n = " in proc.stdout
     points = json.loads((results / "success.json").read_text())
