@@ -28,9 +28,11 @@ test: $(STAMP)
 
 # Everything: the fast tier, then the system tests (a real Prefect server, vLLM and its
 # OpenAI-compatible server, DVC pipelines in temporary repositories, kill-and-resume, DeepSpeed
-# ranks, Dask, the secrets scan, the benchmarks at their small size).
+# ranks, Dask, the secrets scan, the benchmarks at their small size). Two pytest-xdist workers:
+# most of these wait on servers and subprocesses, so two cores take two at once (groups in
+# tests/conftest.py).
 test-all: test
-	$(BIN)/python -m pytest -q -rs -m system --durations=25
+	$(BIN)/python -m pytest -q -rs -m system -n 2 --dist loadgroup --durations=25
 
 # Refresh the pinned set after changing dependencies in pyproject.toml.
 lock: $(STAMP)

@@ -289,24 +289,48 @@ def stop_process(proc: subprocess.Popen, timeout: float = 30) -> None:
 
 
 # What the reliability tests did, totalled over the session and printed at its end: the figures
-# docs/reliability.md ("When things fail") quotes. Each test adds what it measured.
+# docs/reliability.md ("When things fail") quotes. Each test adds what it measured to its report,
+# so the totals reach the summary from pytest-xdist's workers too.
 FAULTS: dict[str, int] = {}
 
 
 @pytest.fixture
-def faults():
+def faults(request):
     def add(**counts: int) -> None:
-        for key, n in counts.items():
-            name = key.replace("_", " ")
-            FAULTS[name] = FAULTS.get(name, 0) + n
+        request.node.user_properties.append(("faults", {k.replace("_", " "): n for k, n in counts.items()}))
 
     return add
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        for name, counts in report.user_properties:
+            if name == "faults":
+                for key, n in counts.items():
+                    FAULTS[key] = FAULTS.get(key, 0) + n
 
 
 def pytest_terminal_summary(terminalreporter):
     if FAULTS:
         terminalreporter.section("reliability")
         terminalreporter.write_line(", ".join(f"{k}: {v}" for k, v in sorted(FAULTS.items())))
+
+
+def pytest_collection_modifyitems(items):
+    """Groups for `pytest -n 2 --dist loadgroup` (make test-all's system tier): a module's tests
+    stay on one worker, so its module-scoped servers start once, and the tests on the session's
+    finished workspace share the worker that builds it. The environment DAGs, each long and
+    self-contained, spread over the workers."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        if "finished_workspace" in getattr(item, "fixturenames", ()):
+            group = "finished_workspace"
+        elif item.module.__name__ == "test_env_pipelines":
+            group = item.nodeid
+        else:
+            group = item.module.__name__
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 def twenty_questions(max_turns: int = 20, **options):
