@@ -40,6 +40,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from flows.report import ARM_SEED_TEMPLATE, arm_seed_spec  # noqa: E402
 from tasks.evaluate import mean_se  # noqa: E402
 from tasks.params import Params, lay_preset, read_preset  # noqa: E402
 
@@ -224,9 +225,7 @@ def write_results(table: dict, out: Path) -> None:
     (out / "success.json").write_text(json.dumps(points, indent=1) + "\n")
     import vl_convert
 
-    spec = json.loads((ROOT / ".dvc/plots/arm_seed.json").read_text().replace('"<DVC_METRIC_DATA>"', json.dumps(points)))
-    spec["title"]["text"] = "Success by arm and seed"
-    (out / "success.svg").write_text(vl_convert.vegalite_to_svg(spec))
+    (out / "success.svg").write_text(vl_convert.vegalite_to_svg(arm_seed_spec(points, ROOT / ARM_SEED_TEMPLATE)))
 
 
 # glibc keeps what a stage frees for reuse: the critic's batches of every length grew a seed's

@@ -510,11 +510,15 @@ def diff(
 def report(
     rev: Annotated[Optional[list[str]], typer.Option("--rev", help="Version(s) to plot; two or more are overlaid. Default the workspace.")] = None,
     out: Annotated[Optional[Path], typer.Option(help="HTML file to write (default reports/<rev>.html).")] = None,
+    repro: Annotated[Optional[Path], typer.Option(help="A reproduction's results (bench/hindsight_repro.py --results DIR): success by arm and seed.")] = None,
 ) -> None:
     """One static HTML page with the run's DVC plots (rewards before/after hindsight, weights, loss, success)."""
     from flows.report import default_report_path, write_report
 
-    path = write_report(rev or None, out or default_report_path(rev or None))
+    try:
+        path = write_report(rev or None, out or default_report_path(rev or None), repro=repro)
+    except ValueError as e:
+        _fail(str(e))
     console.print(f"Wrote {path}")
 
 

@@ -23,6 +23,7 @@ from storage.revisions import WORKSPACE, Revision, RevisionError, git
 
 EVALUATE_METRICS = "data/evaluate/metrics.json"
 LABEL_METRICS = "data/label/metrics.json"
+ARM_SEED_TEMPLATE = ".dvc/plots/arm_seed.json"  # success by arm and seed (bench/hindsight_repro.py --results)
 
 
 def default_report_path(revs: list[str] | None) -> Path:
@@ -31,14 +32,16 @@ def default_report_path(revs: list[str] | None) -> Path:
     return Path("reports") / ("_vs_".join(names) + ".html")
 
 
-def write_report(revs: list[str] | None, out: Path, repo: Path = Path(".")) -> Path:
+def write_report(revs: list[str] | None, out: Path, repo: Path = Path("."), repro: Path | None = None) -> Path:
     """Writes one self-contained HTML page with every DVC plot and the key metrics of `revs`
-    (None: the workspace) of the DVC project at `repo`; returns the path written."""
+    (None: the workspace) of the DVC project at `repo`, and with `repro` (the reproduction bench's
+    --results directory) its success by arm and seed; returns the path written."""
     from dvc.render.match import match_defs_renderers
     from dvc.repo import Repo
     from dvc.scm import RevError, resolve_rev
 
     repo = Path(repo).resolve()
+    repro_spec, seeds, repro_rows = read_repro(Path(repro), repo / ARM_SEED_TEMPLATE) if repro is not None else (None, [], None)
     revs = list(dict.fromkeys(revs)) if revs else None  # a revision named twice is drawn once
     shown = revs or [WORKSPACE]
     with Repo(str(repo)) as dvc_repo:
@@ -63,7 +66,9 @@ def write_report(revs: list[str] | None, out: Path, repo: Path = Path(".")) -> P
             if spec:
                 plots.append((r.renderer.name, r.renderer.get_revs(), spec))
     metrics = {rev: _read_metrics(repo, commits.get(rev, WORKSPACE)) for rev in shown}
-    page = _page(repo, shown, commits, plots, metrics, errors)
+    if repro_spec is not None:
+        plots.append((f"Success by arm and seed ({repro})", [f"seeds {', '.join(map(str, seeds))}"], repro_spec))
+    page = _page(repo, shown, commits, plots, metrics, errors, repro, repro_rows)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
@@ -85,6 +90,28 @@ def svg(spec: dict, prefix: str) -> str:
     text = re.sub(r'\bid="([^"]+)"', rf'id="{prefix}\1"', text)
     text = re.sub(r"url\(#([^)]+)\)", rf"url(#{prefix}\1)", text)
     return re.sub(r'href="#([^"]+)"', rf'href="#{prefix}\1"', text)
+
+
+def arm_seed_spec(points: list[dict], template: Path, title: str = "Success by arm and seed") -> dict:
+    """The arm_seed template (one point per arm, seed and split; the mean over seeds as a tick)
+    filled with `points`, rows {arm, seed, split, success_rate}."""
+    spec = json.loads(template.read_text().replace('"<DVC_METRIC_DATA>"', json.dumps(points)))
+    spec["title"]["text"] = title
+    return spec
+
+
+def read_repro(results: Path, template: Path) -> tuple[dict, list[int], list[tuple[str, str, list[float]]]]:
+    """A reproduction's --results directory: the plot of its success.json, its seeds, and per arm
+    its held-out success over seeds as (arm, "mean ± se", by seed) from table.json."""
+    missing = [str(results / f) for f in ("table.json", "success.json") if not (results / f).is_file()]
+    if missing:
+        raise ValueError(f"report: {', '.join(missing)} not found: --repro takes the directory bench/hindsight_repro.py --results wrote")
+    if not template.is_file():
+        raise ValueError(f"report: no plot template {template} in the project")
+    table = json.loads((results / "table.json").read_text())
+    rows = [(arm, f"{h['mean']:.3f} ± {h['se']:.3f}", h["by_seed"])
+            for arm, row in table["policies"].items() if (h := row.get("heldout", {}).get("success_rate"))]
+    return arm_seed_spec(json.loads((results / "success.json").read_text()), template), table["seeds"], rows
 
 
 # -- metrics -----------------------------------------------------------------------------------
@@ -148,7 +175,8 @@ def _describe(repo: Path, commit: str | None) -> str:
     return (line[:117] + "...") if len(line) > 120 else line or commit
 
 
-def _page(repo: Path, revs: list[str], commits: dict[str, str], plots: list, metrics: dict[str, dict[str, str]], errors: list[str]) -> str:
+def _page(repo: Path, revs: list[str], commits: dict[str, str], plots: list, metrics: dict[str, dict[str, str]], errors: list[str],
+          repro: Path | None = None, repro_rows: list | None = None) -> str:
     e = html.escape
     generated = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     title = "retrosight report: " + (" vs ".join(revs))
@@ -178,6 +206,13 @@ def _page(repo: Path, revs: list[str], commits: dict[str, str], plots: list, met
         parts.append(f'<p class="meta">from {EVALUATE_METRICS} (mean ± standard error over episodes) and {LABEL_METRICS}</p>')
     else:
         parts.append(f'<p class="meta">no {EVALUATE_METRICS} or {LABEL_METRICS} at {e(", ".join(revs))}</p>')
+
+    if repro_rows:
+        parts.append(f"<h2>Reproduction: {e(str(repro))}</h2>")
+        parts.append("<table><tr><th>arm</th><th>held-out success, mean ± se over seeds</th><th>by seed</th></tr>")
+        for arm, cell, by_seed in repro_rows:
+            parts.append(f'<tr><td>{e(arm)}</td><td class="num">{e(cell)}</td><td class="num">{e(" ".join(f"{x:.3f}" for x in by_seed))}</td></tr>')
+        parts.append("</table>")
 
     parts.append("<h2>Plots</h2>")
     if plots:

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import BIN, CODE, ROOT, built, copy_repo, digest, run, tiny_params, twenty_questions
-from flows.report import default_report_path, write_report
+from flows.report import ARM_SEED_TEMPLATE, _page, default_report_path, read_repro, write_report
 from tasks.label import RUBRIC, reward_histograms, return_scale
 from tasks.plots import histogram, write_plot
 from tasks.standardize import weight_histograms
@@ -252,6 +252,11 @@ def test_report_of_the_workspace_one_revision_and_two(plots_project, tmp_path):
     assert run(["git", "status", "--porcelain"], repo).stdout == ""
     assert {p: (repo / p).read_bytes() for p in head_files} == head_files
 
+    shutil.copy(ROOT / ARM_SEED_TEMPLATE, repo / ARM_SEED_TEMPLATE)
+    with_repro = write_report(None, tmp_path / "repro.html", repo=repo, repro=repro_results(tmp_path / "results")).read_text()
+    check_static(with_repro, 7)
+    assert "Success by arm and seed" in with_repro and "(seeds 0, 1)" in with_repro and "0.275 ± 0.025" in with_repro
+
     with pytest.raises(ValueError, match="unknown revision 'no-such-rev'"):
         write_report(["no-such-rev"], tmp_path / "bad.html", repo=repo)
 
@@ -260,6 +265,36 @@ def test_report_of_the_workspace_one_revision_and_two(plots_project, tmp_path):
     for name, colours in (("ws", REV_COLOURS[:1]), ("both", REV_COLOURS)):
         png = screenshot(tmp_path / f"{name}.html", tmp_path)
         check_png(png, colours)
+
+
+def repro_results(out: Path) -> Path:
+    """A reproduction's --results directory by hand: two arms, two seeds, held-out only."""
+    by_seed = {"bootstrap": [0.25, 0.30], "refit": [0.20, 0.40]}
+    table = {"seeds": [0, 1], "splits": ["heldout"], "policies": {
+        arm: {"heldout": {"success_rate": {"mean": sum(v) / 2, "se": abs(v[0] - v[1]) / 2, "by_seed": v}}} for arm, v in by_seed.items()}}
+    points = [{"arm": arm, "seed": seed, "split": "heldout", "success_rate": rate}
+              for arm, v in by_seed.items() for seed, rate in zip((0, 1), v)]
+    out.mkdir()
+    (out / "table.json").write_text(json.dumps(table))
+    (out / "success.json").write_text(json.dumps(points))
+    return out
+
+
+def test_a_reproductions_results_give_its_plot_and_its_table(tmp_path):
+    results = repro_results(tmp_path / "results")
+    spec, seeds, rows = read_repro(results, ROOT / ARM_SEED_TEMPLATE)
+    assert seeds == [0, 1]
+    assert rows == [("bootstrap", "0.275 ± 0.025", [0.25, 0.30]), ("refit", "0.300 ± 0.100", [0.20, 0.40])]
+    assert [(p["arm"], p["seed"]) for p in spec["data"]["values"]] == [("bootstrap", 0), ("bootstrap", 1), ("refit", 0), ("refit", 1)]
+    page = _page(tmp_path, ["workspace"], {}, [("Success by arm and seed", ["seeds 0, 1"], spec)], {"workspace": {}}, [], results, rows)
+    check_static(page, 1)
+    assert "<h2>Reproduction: " in page and "0.300 ± 0.100" in page and "0.200 0.400" in page
+
+    (results / "success.json").unlink()
+    with pytest.raises(ValueError, match=r"success\.json not found: --repro takes the directory bench/hindsight_repro\.py --results wrote"):
+        read_repro(results, ROOT / ARM_SEED_TEMPLATE)
+    with pytest.raises(ValueError, match="no plot template"):
+        read_repro(repro_results(tmp_path / "again"), tmp_path / "nothing.json")
 
 
 def test_default_report_paths():
