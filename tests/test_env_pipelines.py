@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from conftest import BIN, make_project, run
+from conftest import BIN, ROOT, make_project, run
 
 pytestmark = pytest.mark.system
 
@@ -64,3 +64,40 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
     assert {"bootstrap", "actor", "sft"} <= {r["policy_id"].split(":")[0] for r in played}
     evaluation = json.loads((repo / "data/evaluate/metrics.json").read_text())
     assert {"bootstrap", "actor", "sft"} <= set(evaluation["policies"])
+
+
+def test_hrs_preset_runs_every_stage_on_persuasion_with_the_learned_forward_models_and_ilql(tmp_path):
+    """Issue 22's quick look, as docs/environments.md shows it: `retrosight run --preset
+    bench/presets/hr_persuasion.yaml -S limit_tasks=N`. The forward stage fine-tunes both of HR's
+    forward models, regenerate continues the relabels with them (no simulator after the splice),
+    and the preset's arms (ILQL and filtered BC, logged and with regenerations) train and play."""
+    sampling = {"max_new_tokens": 64}
+    repo = make_project(tmp_path, overrides={
+        "bootstrap": {"limit_tasks": None, "facts_per_object": 0, "eval_sampling": sampling},
+        "collect": {"limit_tasks": None, "sampling": sampling}, "evaluate": {"sampling": sampling}})
+    preset = ROOT / "bench/presets/hr_persuasion.yaml"
+    # the tiny model's forward models write little the parser reads: what they write is kept or
+    # dropped with its reason, rather than stopping regenerate on the role's failure rate
+    sets = [arg for key in ["env.max_turns=4", "limit_tasks=2", "roles.forward.sampling.max_new_tokens=96", "roles.forward.parse_attempts=1",
+                            "roles.forward.max_failure_rate=1.0", "evaluate.episodes_per_task=1"]
+            for arg in ("-S", key)]
+    out = run([str(BIN / "retrosight"), "run", "--preset", str(preset), *sets], repo, timeout=3000)
+    for stage in STAGES:
+        assert f"{stage}: ran" in out.stdout, out.stdout[-3000:]
+    p = yaml.safe_load((repo / "params.yaml").read_text())
+    assert (p["env"]["name"], p["roles"]["forward"]["backend"], p["relabel"]["mode"]) == ("persuasion", "learned", "hr")
+
+    forward = json.loads((repo / "data/forward/metrics.json").read_text())
+    assert forward["trained"] is True and set(forward["fidelity"]) == {"model", "hard_model"}
+    assert all((repo / "data/forward/models" / m / "config.json").exists() for m in ("model", "hard_model"))
+    regen = json.loads((repo / "data/regenerate/metrics.json").read_text())
+    assert regen["relabels"] == regen["regenerations"] + regen["dropped_rows"] > 0
+    kept = pq.read_table(repo / "data/regenerate/trajectories.parquet").to_pylist()
+    assert all(r["policy_id"].startswith("forward:") for r in kept)  # written by the learned models, not the policy
+    dropped = pq.read_table(repo / "data/regenerate/dropped.parquet").to_pylist()
+    assert len(dropped) == regen["dropped_rows"] and all(r["reason"] and r["forward_model"] in ("model", "hard_model") for r in dropped)
+
+    trained = json.loads((repo / "data/train/metrics.json").read_text())
+    assert set(trained["methods"]) == {"ilql_logged", "ilql", "filtered_bc_logged", "filtered_bc"}
+    evaluation = json.loads((repo / "data/evaluate/metrics.json").read_text())
+    assert {"bootstrap", "ilql_logged", "ilql"} <= set(evaluation["policies"])
