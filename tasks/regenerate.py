@@ -96,6 +96,8 @@ def forward_llm(params: Params, episodes: list[Episode], env: Environment) -> tu
         requests = [env.forward_request(ep.game) for ep in group]
         seeds = [derive_seed(role.seed, "forward", ep.relabel_id) for ep in group]
         # Every game may have ended at its branch: the model's accounting (its cache) still shows.
+        if group:
+            print(f"regenerate: the forward {name if role.backend == 'learned' else 'model'} ({path}) writes {len(group)} continuations", flush=True)
         outcomes = call_requests(gen, requests, seeds, role) if group else []
         outcomes_all += outcomes
         calls[name] = account(outcomes, gen)
