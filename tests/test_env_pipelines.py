@@ -67,10 +67,10 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
 
 
 def test_hrs_preset_runs_every_stage_on_persuasion_with_the_learned_forward_models_and_ilql(tmp_path):
-    """Issue 22's quick look, as docs/environments.md shows it: `retrosight run --preset
-    bench/presets/hr_persuasion.yaml -S limit_tasks=N`. The forward stage fine-tunes both of HR's
-    forward models, regenerate continues the relabels with them (no simulator after the splice),
-    and the preset's arms (ILQL and filtered BC, logged and with regenerations) train and play."""
+    """A quick look at HR's miniature: `retrosight run --preset bench/presets/hr_persuasion.yaml
+    -S limit_tasks=N`. The forward stage fine-tunes both of HR's forward models, regenerate has
+    them write each dialogue on after the donor's answer to its counterfactual, and the preset's
+    arms (ILQL and filtered BC, logged and with regenerations) train and play."""
     sampling = {"max_new_tokens": 64}
     repo = make_project(tmp_path, overrides={
         "bootstrap": {"limit_tasks": None, "facts_per_object": 0, "eval_sampling": sampling},
