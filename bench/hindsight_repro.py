@@ -14,13 +14,16 @@ with a paired 95% interval over the same evaluation episodes of every seed, and 
 difference from the base on the held-out episodes the same way. --results writes that
 table as JSON, the points of the plot of success by arm and seed, and the plot itself as SVG.
 A seed whose evaluation is already on disk is read back rather than rerun (--fresh reruns it), and
-a stopped seed resumes after its last finished stage.
+a stopped seed resumes after its last finished stage. --results also keeps each finished seed's
+params, metrics and episode outcomes (RESULTS/seeds/seedN.json), and a seed found there with the
+same params is read back too: seeds run in different sessions, or on different machines, add up
+to one table without the earlier seeds' run directories.
 --upstream DIR reuses DIR/seedN's bootstrap, collect and summarize outputs, so a hindsight or training setting can be
 varied without paying for the base policy and the logged data again; --reuse names other stages
 to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the same trained
 policies play the train tasks their data came from). --base DIR gives every seed the same base
-policy (a bootstrap stage's output), so seeds vary the logged data, hindsight, training and
-evaluation episodes around one base. --no-actor-critic leaves HOPE's buffer, critic and actor
+policy (a bootstrap stage's output, trained there first with seed 0's params when DIR has none),
+so seeds vary the logged data, hindsight, training and evaluation episodes around one base. --no-actor-critic leaves HOPE's buffer, critic and actor
 out (HR's miniature, bench/presets/hr_persuasion.yaml, compares training arms only). With
 roles.forward.backend learned, each seed's forward stage trains HR's forward models on its own
 logged dialogues and regenerate uses them.
@@ -28,6 +31,7 @@ logged dialogues and regenerate uses them.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -123,6 +127,23 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
     return json.loads((d / "evaluate/metrics.json").read_text())
 
 
+def make_base(base: Path, raw: dict) -> None:
+    """--base DIR: one base policy for every seed, trained there with seed 0's params when DIR has
+    none (so a run of any seeds, in any session, starts from the same base)."""
+    from tasks.bootstrap import run_bootstrap
+
+    written = base / "params.yaml"
+    if written.exists() and not _same(yaml.safe_load(written.read_text()), raw):
+        sys.exit(f"--base {base} was trained with other params ({written}); pass another --base")
+    if (base / "model").exists():
+        return
+    base.mkdir(parents=True, exist_ok=True)
+    written.write_text(yaml.safe_dump(raw, sort_keys=False))
+    t0 = time.time()
+    run_bootstrap(Params.model_validate(raw), base)
+    print(f"[base] bootstrap done in {time.time() - t0:.0f}s: {base}", flush=True)
+
+
 def logged_arm(name: str, methods: dict) -> str | None:
     """The logged-only arm a hindsight arm is compared with: the same algorithm on `data: logged`,
     else Refit's (Swift has no logged-only arm of its own)."""
@@ -157,7 +178,37 @@ def paired(a: dict, b: dict) -> dict:
     return out
 
 
-def compare(results: dict[int, dict], dirs: dict[int, Path], methods: dict) -> dict:
+def _same(a: dict | None, b: dict | None) -> bool:
+    """Two params read as the stages read them: a knob added since, at its default, is no change."""
+    return (a is None) == (b is None) and (a is None or Params.model_validate(a).model_dump() == Params.model_validate(b).model_dump())
+
+
+def save_seed(results_dir: Path, seed: int, raw: dict, base: dict | None, metrics: dict, episodes: dict) -> None:
+    """RESULTS/seeds/seedN.json: what the table needs of a finished seed (its params, the shared
+    base's if any, evaluate's metrics, every evaluation episode's outcome), small enough to keep
+    beside the table, so a later run adds seeds to it without the earlier seeds' run directories."""
+    rows = [[name, *k, *v] for name, eps in episodes.items() for k, v in sorted(eps.items())]
+    path = results_dir / "seeds" / f"seed{seed}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"params": raw, "base": base, "metrics": metrics, "episodes": rows}) + "\n")
+
+
+def load_seed(results_dir: Path, seed: int, raw: dict, base: dict | None) -> tuple[dict, dict] | None:
+    """A seed saved by save_seed with the same params: (metrics, episodes); None when there is none.
+    Saved with other params, it is an error: the table would mix two experiments."""
+    path = results_dir / "seeds" / f"seed{seed}.json"
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    if not (_same(saved["params"], raw) and _same(saved["base"], base)):
+        sys.exit(f"{path} holds seed {seed} run with other params or another base; pass --fresh to rerun it, or another --results")
+    episodes: dict = {}
+    for name, split, task, ep_seed, success, ret in saved["episodes"]:
+        episodes.setdefault(name, {})[(split, task, ep_seed)] = (success, ret)
+    return saved["metrics"], episodes
+
+
+def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict) -> dict:
     seeds = list(results)
     first = results[seeds[0]]
     splits = [*first["splits"], "heldout"]
@@ -171,7 +222,6 @@ def compare(results: dict[int, dict], dirs: dict[int, Path], methods: dict) -> d
                 row.setdefault(split, {})[key] = {"mean": round(m, 4), "se": round(se, 4),
                                                   "by_seed": [results[s]["policies"][name][split][key] for s in seeds]}
         table["policies"][name] = row
-    episodes = {s: episodes_of(dirs[s], results[s]) for s in seeds}
     against = {name: logged_arm(name, methods) for name in methods}
     # HOPE against PRM+RL: the critic (and the actor it trains) with hindsight against without
     for name in first["policies"]:
@@ -243,21 +293,30 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "bench/out/repro")
     ap.add_argument("--results", type=Path, help="write table.json, success.json and success.svg here")
     ap.add_argument("--set", dest="sets", action="append", default=[], help="a params override, key.path=value")
-    ap.add_argument("--fresh", action="store_true", help="rerun seeds whose results are on disk")
+    ap.add_argument("--fresh", action="store_true", help="rerun seeds whose results are on disk (under --out or --results)")
     ap.add_argument("--upstream", type=Path, help="reuse bootstrap/collect/summarize from DIR/seedN")
     ap.add_argument("--reuse", nargs="+", choices=STAGES[:-1], default=UPSTREAM, help="the stages --upstream provides")
-    ap.add_argument("--base", type=Path, help="one bootstrap output (DIR/model, ...) every seed starts from, instead of its own")
+    ap.add_argument("--base", type=Path, help="one bootstrap output (DIR/model, ...) every seed starts from, instead of its own; trained there with seed 0's params when missing")
     ap.add_argument("--no-actor-critic", action="store_true", help="leave out HOPE's buffer, critic and actor, with and without hindsight (HR's miniature)")
     args = ap.parse_args()
 
-    results, dirs, t_all = {}, {}, time.time()
-    for seed in args.seeds:
+    def seed_params(seed: int) -> dict:
+        """params.yaml, the preset, the overrides and the seed: a seed's params before its paths."""
         raw = yaml.safe_load((ROOT / "params.yaml").read_text())
         if args.preset:
             lay_preset(raw, read_preset(args.preset))
         for s in [*args.sets, f"seed={seed}"]:
             override(raw, s)
-        d = dirs[seed] = args.out / f"seed{seed}"
+        return raw
+
+    base_raw = seed_params(0) if args.base is not None else None
+    if args.base is not None:
+        make_base(args.base, base_raw)
+    results, episodes, t_all = {}, {}, time.time()
+    for seed in args.seeds:
+        raw = seed_params(seed)
+        plain = copy.deepcopy(raw)
+        d = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
         if args.no_actor_critic:
             for s in ("evaluate.actor=null", "evaluate.extra={}", "evaluate.best_of_n.policies=[]"):
@@ -278,17 +337,24 @@ def main() -> None:
         done = d / "evaluate/metrics.json"
         if args.fresh and d.exists():
             shutil.rmtree(d)
+        saved = None if args.fresh or args.results is None or done.exists() else load_seed(args.results, seed, plain, base_raw)
+        if saved is not None:
+            print(f"[seed {seed}] read back from {args.results}/seeds/seed{seed}.json", flush=True)
+            results[seed], episodes[seed] = saved
+            continue
         up = args.upstream / f"seed{seed}" if args.upstream else None
         written, wanted = d / "params.yaml", yaml.safe_dump(raw, sort_keys=False)
-        # the same params, read as the stages read them: a knob added since, at its default, is no change
-        if written.exists() and Params.model_validate(yaml.safe_load(written.read_text())).model_dump() != params.model_dump():
+        if written.exists() and not _same(yaml.safe_load(written.read_text()), raw):
             sys.exit(f"{d} holds a run with other params ({written}); pass --fresh to rerun it, or another --out")
         d.mkdir(parents=True, exist_ok=True)
         written.write_text(wanted)
         results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base, ACTOR_CRITIC if args.no_actor_critic else ())
+        episodes[seed] = episodes_of(d, results[seed])
+        if args.results is not None:
+            save_seed(args.results, seed, plain, base_raw, results[seed], episodes[seed])
 
     methods = {name: m.model_dump() for name, m in params.train.methods.items()}
-    table = compare(results, dirs, methods)
+    table = compare(results, episodes, methods)
     show(table, args.sets, args.preset)
     if args.results:
         write_results(table, args.results)

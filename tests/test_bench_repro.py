@@ -80,6 +80,21 @@ def test_the_persuasion_preset_is_hrs_arms_on_learned_forward_models():
     assert len(p.evaluate.splits) * 40 * p.evaluate.episodes_per_task == 400  # HR's 400 simulated interactions a method
 
 
+def test_a_saved_seed_reads_back_whole_and_refuses_other_params(tmp_path):
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["seed"] = 2
+    metrics = {"splits": ["val"], "policies": {"bootstrap": {"policy_id": "p0", "val": {"success_rate": 0.5}}}}
+    episodes = {"bootstrap": {("val", "t1", 7): (1.0, 0.5), ("val", "t2", 8): (0.0, 0.0)}}
+    base = {**raw, "seed": 0}
+    assert hindsight_repro.load_seed(tmp_path, 2, raw, base) is None  # nothing saved yet: the seed runs
+    hindsight_repro.save_seed(tmp_path, 2, raw, base, metrics, episodes)
+    assert hindsight_repro.load_seed(tmp_path, 2, raw, base) == (metrics, episodes)
+    other = {**raw, "collect": {**raw["collect"], "m": raw["collect"]["m"] + 1}}
+    for params, base_params in ((other, base), (raw, None), (raw, {**base, "seed": 1})):  # other params, no shared base, another base
+        with pytest.raises(SystemExit, match=r"seeds/seed2\.json holds seed 2 run with other params or another base"):
+            hindsight_repro.load_seed(tmp_path, 2, params, base_params)
+
+
 def episode_diffs(dirs: list[Path], name: str, base: str, column: str) -> list[float]:
     """`column` of policy `name` minus `base`'s, over the evaluation episodes both played, read
     from each seed's episodes on disk (not through the bench's code)."""
@@ -138,6 +153,12 @@ def test_repro_bench_small(tmp_path):
     assert "actor - bootstrap (n = " in proc.stdout
     points = json.loads((results / "success.json").read_text())
     assert len(points) == 10 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")  # six arms, two actors, best-of-N with two critics
+    # a seed kept in --results adds to the table without its run directory, and is not rerun
+    shutil.rmtree(out / "seed1")
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-4000:]
+    assert f"[seed 1] read back from {results}/seeds/seed1.json" in again.stdout and not (out / "seed1").exists()
+    assert json.loads((results / "table.json").read_text()) == table
     # A stopped seed resumes after its last finished stage, and only with the params it ran with.
     shutil.rmtree(out / "seed1/evaluate")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
