@@ -16,7 +16,7 @@ table as JSON, the points of the plot of success by arm and seed, and the plot i
 A seed whose evaluation is already on disk is read back rather than rerun (--fresh reruns it), and
 a stopped seed resumes after its last finished stage. --results also keeps each finished seed's
 params, metrics and episode outcomes (RESULTS/seeds/seedN.json), and a seed found there with the
-same params is read back too: seeds run in different sessions, or on different machines, add up
+same params, whose run directory is gone, is read back too: seeds run in different sessions, or on different machines, add up
 to one table without the earlier seeds' run directories.
 --upstream DIR reuses DIR/seedN's bootstrap, collect and summarize outputs, so a hindsight or training setting can be
 varied without paying for the base policy and the logged data again; --reuse names other stages
@@ -337,7 +337,7 @@ def main() -> None:
         done = d / "evaluate/metrics.json"
         if args.fresh and d.exists():
             shutil.rmtree(d)
-        saved = None if args.fresh or args.results is None or done.exists() else load_seed(args.results, seed, plain, base_raw)
+        saved = None if args.fresh or args.results is None or d.exists() else load_seed(args.results, seed, plain, base_raw)
         if saved is not None:
             print(f"[seed {seed}] read back from {args.results}/seeds/seed{seed}.json", flush=True)
             results[seed], episodes[seed] = saved

@@ -153,12 +153,6 @@ def test_repro_bench_small(tmp_path):
     assert "actor - bootstrap (n = " in proc.stdout
     points = json.loads((results / "success.json").read_text())
     assert len(points) == 10 * 3 * 2 and (results / "success.svg").read_text().startswith("<svg")  # six arms, two actors, best-of-N with two critics
-    # a seed kept in --results adds to the table without its run directory, and is not rerun
-    shutil.rmtree(out / "seed1")
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-4000:]
-    assert f"[seed 1] read back from {results}/seeds/seed1.json" in again.stdout and not (out / "seed1").exists()
-    assert json.loads((results / "table.json").read_text()) == table
     # A stopped seed resumes after its last finished stage, and only with the params it ran with.
     shutil.rmtree(out / "seed1/evaluate")
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
@@ -168,3 +162,9 @@ def test_repro_bench_small(tmp_path):
     assert json.loads((results / "table.json").read_text())["policies"] == table["policies"]  # deterministic rerun
     proc = subprocess.run([*cmd, "--set", "train.epochs=2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "holds a run with other params" in proc.stderr
+    # a seed kept in --results adds to the table without its run directory, and is not rerun
+    shutil.rmtree(out / "seed1")
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-4000:]
+    assert f"[seed 1] read back from {results}/seeds/seed1.json" in again.stdout and not (out / "seed1").exists()
+    assert json.loads((results / "table.json").read_text()) == table  # the resumed seed 1's evaluation, kept
