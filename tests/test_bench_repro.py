@@ -80,6 +80,17 @@ def test_the_persuasion_preset_is_hrs_arms_on_learned_forward_models():
     assert len(p.evaluate.splits) * 40 * p.evaluate.episodes_per_task == 400  # HR's 400 simulated interactions a method
 
 
+def test_the_car_dealer_preset_trains_on_whole_sales():
+    """bench/presets/car_dealer.yaml validates as params, on CarDealer, at a length past its dialogues."""
+    from tasks.params import Params
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    lay_preset(raw, yaml.safe_load((ROOT / "bench/presets/car_dealer.yaml").read_text()))
+    p = Params.model_validate(raw)
+    assert p.env.name == "car_dealer" and p.bootstrap.model.max_length > 2200 and p.bootstrap.facts_per_object == 0
+    assert "max_turns" not in raw["env"]  # TwentyQuestions' env keys dropped, as -S env.name=car_dealer does
+
+
 def test_a_saved_seed_reads_back_whole_and_refuses_other_params(tmp_path):
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     raw["seed"] = 2
