@@ -16,15 +16,15 @@ table as JSON, the points of the plot of success by arm and seed, and the plot i
 A seed whose evaluation is already on disk is read back rather than rerun (--fresh reruns it), and
 a stopped seed resumes after its last finished stage. --results also keeps each finished seed's
 params, metrics and episode outcomes (RESULTS/seeds/seedN.json), and a seed found there with the
-same params, whose run directory is gone, is read back too: seeds run in different sessions, or on different machines, add up
-to one table without the earlier seeds' run directories.
+same params, whose run directory is gone, is read back too: seeds run in different sessions, or
+on different machines, add up to one table without the earlier seeds' run directories.
 --upstream DIR reuses DIR/seedN's bootstrap, collect and summarize outputs, so a hindsight or training setting can be
 varied without paying for the base policy and the logged data again; --reuse names other stages
 to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the same trained
 policies play the train tasks their data came from). --base DIR gives every seed the same base
 policy (a bootstrap stage's output, trained there first with seed 0's params when DIR has none),
-so seeds vary the logged data, hindsight, training and evaluation episodes around one base. --no-actor-critic leaves HOPE's buffer, critic and actor
-out (HR's miniature, bench/presets/hr_persuasion.yaml, compares training arms only). With
+so seeds vary the logged data, hindsight, training and evaluation episodes around one base.
+--no-actor-critic leaves HOPE's buffer, critic and actor out (HR's miniature, bench/presets/hr_persuasion.yaml, compares training arms only). With
 roles.forward.backend learned, each seed's forward stage trains HR's forward models on its own
 logged dialogues and regenerate uses them.
 """
