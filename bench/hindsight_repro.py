@@ -24,9 +24,10 @@ to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the 
 policies play the train tasks their data came from). --base DIR gives every seed the same base
 policy (a bootstrap stage's output, trained there first with seed 0's params when DIR has none),
 so seeds vary the logged data, hindsight, training and evaluation episodes around one base.
---no-actor-critic leaves HOPE's buffer, critic and actor out (HR's miniature, bench/presets/hr_persuasion.yaml, compares training arms only). With
-roles.forward.backend learned, each seed's forward stage trains HR's forward models on its own
-logged dialogues and regenerate uses them.
+--no-actor-critic leaves HOPE's buffer, critic and actor out (HR's miniature,
+bench/presets/hr_persuasion.yaml, compares training arms only). With roles.forward.backend
+learned, each seed's forward stage trains HR's forward models on its own logged dialogues and
+regenerate uses them.
 """
 from __future__ import annotations
 
