@@ -27,10 +27,15 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
-    """Byte-level BPE, so any text (an unseen object name, a user's log) still encodes."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int, split_digits: bool = False) -> PreTrainedTokenizerFast:
+    """Byte-level BPE, so any text (an unseen object name, a user's log) still encodes.
+
+    split_digits: every digit its own token, as Llama's and Qwen's tokenizers have it. Merged,
+    "$57000" in a tool's result and " 57000" in the reply that copies it are unrelated tokens
+    the model must pair one price at a time; split, the copy is the same digits in order."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level]) if split_digits else byte_level
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -123,7 +123,7 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     # The tokenizer also sees every task's names and prompts, so held-out tasks encode as
     # compactly as training ones.
     corpus = [m["content"] for c in conversations for m in c] + env.tokenizer_corpus()
-    tokenizer = train_tokenizer(corpus, b.tokenizer.vocab_size)
+    tokenizer = train_tokenizer(corpus, b.tokenizer.vocab_size, b.tokenizer.split_digits)
 
     longest = longest_action_tokens(tokenizer, demos)
     if b.eval_sampling.max_new_tokens < longest:

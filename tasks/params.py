@@ -152,6 +152,7 @@ class NoisyParams(Strict):
 
 class TokenizerParams(Strict):
     vocab_size: int = Field(ge=300, le=65536)
+    split_digits: bool = False  # one token a digit, so numbers copy digit by digit (models/tiny.py)
 
 
 class ModelParams(Strict):

@@ -55,3 +55,19 @@ def test_template_without_generation_tags_fails_loudly(tokenizer):
     tokenizer2.chat_template = broken
     with pytest.raises(MaskError, match="mask is empty"):
         tokenize_chats(tokenizer2, [CONV], max_length=512)
+
+
+def test_split_digits_makes_a_copied_price_the_same_tokens():
+    """A tool result's "msrp=$57000" and the reply's " 57000" share no token when BPE merges the
+    number; split, the reply's price is the listing's digits, and text still decodes exactly."""
+    listing, reply = "1. brand=Bmw, msrp=$57000, 5% off=$54150", "PROPOSED CAR MSRP: 57000 for $54,150."
+    corpus = [listing, reply] * 50
+
+    def digits(tok, text):
+        return [t for t in tok.tokenize(text) if any(c.isdigit() for c in t)]
+
+    merged, split = train_tokenizer(corpus, vocab_size=400), train_tokenizer(corpus, vocab_size=400, split_digits=True)
+    assert not set(digits(merged, listing)) & set(digits(merged, reply))
+    assert digits(split, "msrp=$57000") == digits(split, " 57000") == list("57000")
+    for text in (listing, reply, "Turn 10 of 20: 2% off 3.5"):
+        assert split.decode(split(text)["input_ids"]) == text
