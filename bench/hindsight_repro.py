@@ -22,7 +22,8 @@ on different machines, add up to one table without the earlier seeds' run direct
 varied without paying for the base policy and the logged data again; --reuse names other stages
 to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the same trained
 policies play the train tasks their data came from). --base DIR gives every seed the same base
-policy (a bootstrap stage's output, trained there first with seed 0's params when DIR has none),
+policy (a bootstrap stage's output, trained there first with seed 0's params when DIR has none
+and a seed is to run),
 so seeds vary the logged data, hindsight, training and evaluation episodes around one base.
 --no-actor-critic leaves HOPE's buffer, critic and actor out (HR's miniature,
 bench/presets/hr_persuasion.yaml, compares training arms only). With roles.forward.backend
@@ -311,8 +312,6 @@ def main() -> None:
         return raw
 
     base_raw = seed_params(0) if args.base is not None else None
-    if args.base is not None:
-        make_base(args.base, base_raw)
     results, episodes, t_all = {}, {}, time.time()
     for seed in args.seeds:
         raw = seed_params(seed)
@@ -349,6 +348,8 @@ def main() -> None:
             sys.exit(f"{d} holds a run with other params ({written}); pass --fresh to rerun it, or another --out")
         d.mkdir(parents=True, exist_ok=True)
         written.write_text(wanted)
+        if args.base is not None and not done.exists():  # only a seed that runs needs the base: saved seeds read back without it
+            make_base(args.base, base_raw)
         results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base, ACTOR_CRITIC if args.no_actor_critic else ())
         episodes[seed] = episodes_of(d, results[seed])
         if args.results is not None:

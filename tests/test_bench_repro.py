@@ -106,6 +106,20 @@ def test_a_saved_seed_reads_back_whole_and_refuses_other_params(tmp_path):
             hindsight_repro.load_seed(tmp_path, 2, params, base_params)
 
 
+def test_the_readme_hr_table_is_what_its_saved_seeds_give(tmp_path):
+    """The README's HR table, as its documented command reads it back: every seed from
+    docs/results/hr_persuasion/seeds, no seed rerun and no base trained, the same table."""
+    results = tmp_path / "hr_persuasion"
+    shutil.copytree(ROOT / "docs/results/hr_persuasion/seeds", results / "seeds")
+    cmd = [sys.executable, "bench/hindsight_repro.py", "--preset", "bench/presets/hr_persuasion.yaml", "--no-actor-critic",
+           "--seeds", "0", "1", "2", "--out", str(tmp_path / "hr"), "--base", str(tmp_path / "hr_base"),
+           "--set", "runtime.threads=1", "--results", str(results)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count("read back from") == 3 and not (tmp_path / "hr_base").exists()
+    assert json.loads((results / "table.json").read_text()) == json.loads((ROOT / "docs/results/hr_persuasion/table.json").read_text())
+
+
 def episode_diffs(dirs: list[Path], name: str, base: str, column: str) -> list[float]:
     """`column` of policy `name` minus `base`'s, over the evaluation episodes both played, read
     from each seed's episodes on disk (not through the bench's code)."""
