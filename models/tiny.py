@@ -6,6 +6,7 @@ its own. The chat template marks assistant turns with {% generation %} so that
 """
 from __future__ import annotations
 
+import random
 from collections.abc import Iterable
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -14,6 +15,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 PAD, END = "<|pad|>", "<|end|>"
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 SPECIAL_TOKENS = [PAD, END, *ROLE_TOKENS.values()]
+IGNORE = -100  # no loss at this position (the HF convention)
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -79,3 +81,23 @@ def make_model(
         bos_token_id=None,
     )
     return LlamaForCausalLM(config)
+
+
+def copy_drills(tokenizer: PreTrainedTokenizerFast, n: int, length: int, seed: int) -> list[dict]:
+    """n sequences that teach copying from the context, as pretraining teaches an LLM: random
+    tokens of the vocabulary in which a span comes again after a gap of any length, the loss on
+    the copy only. The varying gap is what makes it induction (find where the current token was
+    before, write what followed it) rather than "copy from k tokens back". A tiny model trained
+    from scratch on a few thousand dialogues never learns to copy (docs/environments.md,
+    CarDealer). Each sequence is at most `length` tokens; the same seed gives the same drills."""
+    rng = random.Random(seed)
+    special = set(tokenizer.all_special_ids)
+    vocab = [i for i in range(len(tokenizer)) if i not in special]
+    examples = []
+    for _ in range(n):
+        span = rng.choices(vocab, k=rng.randint(8, length // 3))
+        gap = rng.choices(vocab, k=rng.randint(0, length - 2 * len(span)))
+        ids = span + gap + span
+        # the copy's first token cannot be foreseen; the rest can
+        examples.append({"input_ids": ids, "labels": [IGNORE] * (len(span) + len(gap) + 1) + span[1:]})
+    return examples

@@ -19,7 +19,7 @@ from transformers import TrainerCallback, set_seed
 from envs.base import Mixture
 from models.base import SamplingParams
 from models.hf import HFGenerator
-from models.tiny import make_model, train_tokenizer
+from models.tiny import copy_drills, make_model, train_tokenizer
 from storage.parquet import write_table
 from storage.schema import to_table
 from tasks.params import Params
@@ -87,6 +87,20 @@ def evaluate_model(params: Params, model_dir: Path, splits: list[str]) -> dict:
     return stats_by_split(episodes)
 
 
+@torch.no_grad()
+def copy_accuracy(model, examples: list[dict]) -> float:
+    """Teacher-forced share of the supervised tokens the model puts first (held-out copy drills)."""
+    model.eval()
+    hits = total = 0
+    for e in examples:
+        predicted = model(torch.tensor([e["input_ids"]])).logits[0, :-1].argmax(-1).tolist()
+        for p, label in zip(predicted, e["labels"][1:]):
+            if label >= 0:
+                hits, total = hits + (p == label), total + 1
+    model.train()
+    return round(hits / total, 4)
+
+
 class _Snapshots(TrainerCallback):
     """Saves the model every `every` epochs (the learning curve's points)."""
 
@@ -136,11 +150,26 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     m = b.model
     model = make_model(tokenizer, m.hidden_size, m.num_layers, m.num_heads, m.head_dim, m.intermediate_size, m.max_length)
     tokenized = tokenize_chats(tokenizer, conversations, m.max_length)
+    t_drill = time.time()
+    drill = {}
+    if b.drill.sequences:
+        d = b.drill
+        held_out = copy_drills(tokenizer, 200, d.length, derive_seed(params.seed, "drill", "held-out"))
+        curve = train_sft(
+            model, tokenizer, copy_drills(tokenizer, d.sequences, d.length, derive_seed(params.seed, "drill")),
+            epochs=1, batch_size=d.batch_size, learning_rate=d.learning_rate, warmup_ratio=b.train.warmup_ratio,
+            weight_decay=b.train.weight_decay, bf16=b.train.bf16, seed=params.seed,
+        )
+        drill = {"sequences": d.sequences, "final_loss": curve[-1]["loss"], "copy_accuracy": copy_accuracy(model, held_out)}
+        print(f"copy drills: {d.sequences} sequences, final loss {drill['final_loss']:.3f}, held-out copy accuracy {drill['copy_accuracy']}", flush=True)
+    drill_seconds = time.time() - t_drill
     t_train = time.time()
     with tempfile.TemporaryDirectory(prefix="retrosight-bootstrap-") as snapshots_dir:
         snapshots = _Snapshots(b.curve_every, Path(snapshots_dir), tokenizer) if b.curve_every else None
         curve = train_sft(model, tokenizer, tokenized.examples, seed=params.seed, callbacks=(snapshots,) if snapshots else (), **b.train.model_dump())
         train_seconds = time.time() - t_train
+        if drill:  # what the demonstrations left of the copying
+            drill["copy_accuracy_after_demonstrations"] = copy_accuracy(model, held_out)
 
         model_dir = out_dir / "model"
         model.save_pretrained(model_dir)
@@ -163,6 +192,7 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
             "seconds": round(demo_seconds, 1),
         },
         "fact_sheets": len(facts),  # about every task; the token counts above include them
+        **({"drill": {**drill, "seconds": round(drill_seconds, 1)}} if drill else {}),
         "model": {
             "parameters": sum(p.numel() for p in model.parameters()),
             "final_loss": curve[-1]["loss"] if curve else None,

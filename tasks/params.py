@@ -178,6 +178,16 @@ class TrainParams(Strict):
     padding_free: bool = False
 
 
+class DrillParams(Strict):
+    """Copy drills before the demonstrations (models/tiny.py copy_drills): what pretraining gives
+    an LLM, copying from its context. Off (sequences 0) by default."""
+
+    sequences: int = Field(0, ge=0)
+    length: int = Field(192, ge=24)  # tokens a drill, at most
+    batch_size: int = Field(32, ge=1)
+    learning_rate: float = Field(2.0e-3, gt=0)
+
+
 class SamplingParams(Strict):
     temperature: float = Field(ge=0)
     top_p: float = Field(gt=0, le=1)
@@ -195,6 +205,7 @@ class BootstrapParams(Strict):
     tokenizer: TokenizerParams
     model: ModelParams
     train: TrainParams
+    drill: DrillParams = DrillParams()
     eval_splits: list[Split]
     eval_sampling: SamplingParams
     eval_batch_size: int = Field(ge=1)
@@ -333,7 +344,7 @@ class ActorParams(Strict):
 class ProposerParams(Strict):
     base_model: str = "data/bootstrap/model"  # the model fine-tuned into the proposer (HOPE: the base LLM, Llama-3.2-3B-Instruct)
     epochs: float = Field(2, gt=0)  # phase 1, every counterfactual (HOPE: 2)
-    learning_rate: float = Field(1.0e-3, gt=0)  # phase 1 (HOPE: 3e-5 on a 3B model)
+    learning_rate: float = Field(2.0e-3, gt=0)  # phase 1 (HOPE: 3e-5 on a 3B model)
     success_epochs: float = Field(1, ge=0)  # phase 2, only counterfactuals whose regeneration succeeded (HOPE: 1); 0 skips it
     success_learning_rate: float = Field(1.0e-4, gt=0)  # phase 2 (HOPE: 3e-6, a tenth of phase 1's)
     batch_size: int = Field(8, ge=1)  # sites per step (HOPE: as its SFT, 4 x 16 accumulation x 2 GPUs)
@@ -353,7 +364,7 @@ class ForwardParams(Strict):
     hard_fraction: float = Field(0.25, gt=0, le=1)  # the hard model's dialogues: this lowest share by reward (HR: 25%)
     epochs: float = Field(2, gt=0)
     hard_epochs: float = Field(2, gt=0)
-    learning_rate: float = Field(1.0e-3, gt=0)
+    learning_rate: float = Field(2.0e-3, gt=0)
     batch_size: int = Field(8, ge=1)
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)

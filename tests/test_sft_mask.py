@@ -71,3 +71,37 @@ def test_split_digits_makes_a_copied_price_the_same_tokens():
     assert digits(split, "msrp=$57000") == digits(split, " 57000") == list("57000")
     for text in (listing, reply, "Turn 10 of 20: 2% off 3.5"):
         assert split.decode(split(text)["input_ids"]) == text
+
+
+def test_a_copy_drill_repeats_a_span_after_a_gap_and_supervises_only_the_copy(tokenizer):
+    """Random tokens in which a span comes again after a gap of varying length; the loss falls on
+    the copy's tokens after its first, which alone the context cannot foretell; no special token;
+    the same seed gives the same drills, another seed others."""
+    from models.tiny import copy_drills
+
+    drills = copy_drills(tokenizer, 200, 96, seed=3)
+    assert drills == copy_drills(tokenizer, 200, 96, seed=3) != copy_drills(tokenizer, 200, 96, seed=4)
+    gaps = set()
+    for d in drills:
+        ids, labels = d["input_ids"], d["labels"]
+        assert len(ids) == len(labels) <= 96 and not set(ids) & set(tokenizer.all_special_ids)
+        supervised = [i for i, t in enumerate(labels) if t != IGNORE]
+        n = len(supervised) + 1  # the span's length
+        assert 8 <= n <= 32 and supervised == list(range(len(ids) - n + 1, len(ids)))
+        assert ids[-n:] == ids[:n] and [labels[i] for i in supervised] == ids[-n + 1:]
+        gaps.add(len(ids) - 2 * n)
+    assert min(gaps) < 10 and max(gaps) > 40  # the copy is not at one distance
+
+
+def test_bootstrap_drills_before_the_demonstrations_and_reports_the_copying(tmp_path):
+    """bootstrap.drill.sequences > 0 trains on copy drills first; the metrics give the drill's
+    loss and held-out copy accuracy before and after the demonstrations. Off by default."""
+    from conftest import tiny_params
+    from tasks.bootstrap import run_bootstrap
+    from tasks.params import Params
+
+    assert Params.model_validate(tiny_params()).bootstrap.drill.sequences == 0
+    raw = tiny_params({"bootstrap": {"drill": {"sequences": 64, "length": 48, "batch_size": 16}, "eval_splits": ["val"], "limit_tasks": 2}})
+    drill = run_bootstrap(Params.model_validate(raw), tmp_path)["drill"]
+    assert drill["sequences"] == 64 and drill["final_loss"] > 0 and drill["seconds"] > 0
+    assert 0 <= drill["copy_accuracy"] <= 1 and 0 <= drill["copy_accuracy_after_demonstrations"] <= 1
