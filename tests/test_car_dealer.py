@@ -6,6 +6,7 @@ import json
 import random
 import shutil
 import statistics
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -758,6 +759,16 @@ def test_bootstrap_and_collect_store_car_dealer_trajectories(tmp_path):
                    for call, tool in zip(body[::4], body[1::4]))
     # The dialogues outgrow the model's positions too: the hf backend reads them whole and counts them.
     assert c["prompt_tokens"]["prompts_over_positions"] > 0
+
+    # bench/seller_copy.py reads the same bootstrap output: every copied field of the first expert sales counted
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "bench/seller_copy.py", str(tmp_path / "bootstrap"), "--sales", "1"], cwd=root, check=True)
+    probe = json.loads((tmp_path / "bootstrap/seller_copy.json").read_text())
+    assert probe["sales"] == 1 and set(probe["fields"]) == {"API BRAND:", "API TYPE:", "CAR INDEX:", "PROPOSED CAR BRAND:", "PROPOSED CAR MSRP:", " for $"}
+    assert all(0 <= f["right"] <= f["of"] for f in probe["fields"].values()) and probe["fields"]["API BRAND:"]["of"] >= 1
 
 
 def test_scripted_sales_go_through_the_hindsight_stages_and_the_export_carries_the_tools(tmp_path, tiny_model_dir):
