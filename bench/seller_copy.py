@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-# field -> how its value ends in the expert's text
+# where the expert's text copies a value from the dialogue (its value runs to the line's end or a full stop)
 FIELDS = ("API BRAND:", "API TYPE:", "CAR INDEX:", "PROPOSED CAR BRAND:", "PROPOSED CAR MSRP:", " for $")
 EMPTY = ("None", "0", "")  # nothing to copy: a greeting's reply, a no_op call
 

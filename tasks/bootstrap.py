@@ -155,11 +155,10 @@ def run_bootstrap(params: Params, out_dir: Path) -> dict:
     if b.drill.sequences:
         d = b.drill
         held_out = copy_drills(tokenizer, 200, d.length, derive_seed(params.seed, "drill", "held-out"))
-        curve = train_sft(
-            model, tokenizer, copy_drills(tokenizer, d.sequences, d.length, derive_seed(params.seed, "drill")),
-            epochs=1, batch_size=d.batch_size, learning_rate=d.learning_rate, warmup_ratio=b.train.warmup_ratio,
-            weight_decay=b.train.weight_decay, bf16=b.train.bf16, seed=params.seed,
-        )
+        drills = copy_drills(tokenizer, d.sequences, d.length, derive_seed(params.seed, "drill"))
+        # one pass, at the drills' batch and rate; the rest as the demonstrations train
+        keys = b.train.model_dump() | {"epochs": 1, "batch_size": d.batch_size, "learning_rate": d.learning_rate}
+        curve = train_sft(model, tokenizer, drills, seed=params.seed, **keys)
         drill = {"sequences": d.sequences, "final_loss": curve[-1]["loss"], "copy_accuracy": copy_accuracy(model, held_out)}
         print(f"copy drills: {d.sequences} sequences, final loss {drill['final_loss']:.3f}, held-out copy accuracy {drill['copy_accuracy']}", flush=True)
     drill_seconds = time.time() - t_drill

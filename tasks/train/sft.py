@@ -29,9 +29,8 @@ from transformers import (
 )
 
 from models.hf import native_bf16
+from models.tiny import IGNORE
 from storage.schema import from_table
-
-IGNORE = -100
 
 
 class MaskError(ValueError):
