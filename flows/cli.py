@@ -5,7 +5,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -53,16 +53,28 @@ def _options(
         os.environ[DEBUG_ENV] = "1"  # the stage processes DVC starts inherit it
 
 
-def _fail(msg: str) -> None:
-    import logging
+def _fail(msg: str) -> NoReturn:
+    from flows.common import say_error
 
-    from rich.markup import escape
-
-    # soft_wrap: one line however long, so a command in it can be pasted whole
-    console.print(f"[red]error:[/] {escape(msg)}", soft_wrap=True)
-    if (log := logging.getLogger("retrosight")).handlers:  # the run's log file (flows.common.log_to_file)
-        log.error("error: %s", msg)
+    say_error(msg)
     raise typer.Exit(2)
+
+
+def _show(renderable) -> None:
+    """Print a table whole. To a file or a pipe rich assumes 80 columns (or $COLUMNS) and cuts
+    what does not fit (`0.000±0.0…`); there it gets the width it needs."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    from rich.measure import Measurement
+
+    needed = Measurement.get(console, console.options.update_width(10**6), renderable).maximum
+    Console(width=max(needed, console.width)).print(renderable)  # print(width=) is capped at the console's
+
+
+def _in_project() -> None:
+    if not Path("dvc.yaml").exists():
+        _fail(f"no dvc.yaml in {Path.cwd()}: run retrosight from the project's directory")
 
 
 @app.command()
@@ -78,8 +90,7 @@ def run(
     """Reproduce the pipeline through DVC; stale stages run as Prefect flows, the rest are skipped."""
     from flows import pipeline as p
 
-    if not Path("dvc.yaml").exists():
-        _fail(f"no dvc.yaml in {Path.cwd()}: run retrosight from the project's directory")
+    _in_project()
     names = p.stage_names()
     if stage is not None and stage not in names and not set_param and not preset:  # with -S, checked after the overrides
         _fail(f"unknown stage '{stage}' (stages: {', '.join(names)})")
@@ -94,10 +105,11 @@ def run(
 
 def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None, name: str | None, preset: Path | None = None) -> None:
     from flows import pipeline as p
-    from flows.common import log_to_file
+    from flows.common import log_to_file, stage_roles
     from flows.schedule import run_name
     from storage.revisions import list_versions
-    from tasks.params import ParamsError, load_params
+    from tasks.params import load_params
+    from tasks.roles import check_api_keys
 
     log_to_file("run")  # once the workspace is ours: a refused run must not truncate the running one's log
     params_file = Path("params.yaml")
@@ -112,8 +124,8 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
             p.apply_preset(preset, params_file)
         if set_param:
             p.apply_overrides(set_param, params_file)
-        load_params()  # fail before any work on a bad params.yaml
-    except (ParamsError, ValueError) as e:
+        params = load_params()  # fail before any work on a bad params.yaml
+    except ValueError as e:  # ParamsError, or an override Hydra cannot apply
         refuse(str(e))
     names = p.stage_names()  # after the overrides: `iterations` adds stages
     if stage is not None and stage not in names:
@@ -129,6 +141,13 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
             console.print(f"Pipeline is up to date; nothing to run ({time.time() - t0:.1f}s).")
             return
         todo = [stage] if only else p.downstream(stage) if stage else names
+    except p.StageFailed as e:  # DVC's own error, in the message
+        _fail(str(e))
+    try:
+        check_api_keys(params, stage_roles(todo))  # a stage hours in would meet it, and not know the role
+    except ValueError as e:  # MissingAPIKey
+        refuse(str(e))
+    try:
         result = p.pipeline(todo, force=force)
     except p.StageFailed as e:  # a stage's cause is printed above it; DVC's own, in the message
         _fail(str(e))
@@ -164,6 +183,7 @@ def serve(
     Needs a Prefect server (`prefect server start`, then PREFECT_API_URL). Each run is saved as a
     DVC experiment named after it, pushed to the DVC remote, and gets a report under reports/.
     """
+    _in_project()
     from prefect.client.schemas.schedules import CronSchedule
     from pydantic import ValidationError
 
@@ -174,12 +194,15 @@ def serve(
         CronSchedule(cron=cron, timezone=tz)
     except ValidationError:
         _fail(f"--cron '{cron}' --timezone {tz or 'UTC'}: not a cron expression (five fields, e.g. \"0 3 * * *\") or an unknown time zone")
-    from flows.pipeline import checked_overrides
-    from tasks.params import ParamsError
+    from flows.common import stage_names, stage_roles
+    from flows.pipeline import params_with
+    from tasks.roles import check_api_keys
 
+    # What every scheduled run will read and need, refused now rather than at 3 am: the params
+    # with the overrides applied, and the API keys of the roles the stages call.
     try:
-        checked_overrides(set_param or [])  # every scheduled run applies them: refused now, not at 3 am
-    except ParamsError as e:
+        check_api_keys(params_with(set_param or []), stage_roles(stage_names()))
+    except ValueError as e:  # ParamsError, an override Hydra cannot apply, MissingAPIKey
         _fail(str(e))
     if not os.environ.get("PREFECT_API_URL"):
         _fail("serve needs a Prefect server: start one with `prefect server start` and set PREFECT_API_URL (e.g. http://127.0.0.1:4200/api)")
@@ -210,7 +233,7 @@ def results(
             f"{h['mean_return']:.1f}±{h['return_se']:.1f}",
             f"{h['mean_turns']:.1f}±{h['turns_se']:.1f}",
         )
-    console.print(table)
+    _show(table)
     console.print("mean ± standard error over episodes; held-out = all evaluated splits together")
 
 
@@ -311,8 +334,8 @@ def inspect(
     for col in ("view", "rows", "schema", "file"):
         overview.add_column(col)
     for t in tables:
-        overview.add_row(f"{t.stage}.{t.table}", str(t.rows), f"{t.schema_name} v{t.schema_version}", str(t.path))
-    console.print(overview)
+        overview.add_row(f"{t.stage}.{t.table}", str(t.rows), f"{t.schema_name} v{t.schema_version}", _repo_path(t))
+    _show(overview)
     for t in tables:
         if t.schema_name != "trajectories":
             continue
@@ -330,6 +353,14 @@ def inspect(
     if traj is not None:
         described = con.sql(f'DESCRIBE "{traj.stage}"."{traj.table}"').fetchall()
         _print_rows(["column", "type"], [(r[0], r[1]) for r in described], title="Trajectory schema")
+
+
+def _repo_path(t) -> str:
+    """A table's file in the repository, from its catalog name (storage.catalog.stage_of:
+    `iteration2_collect` is data/iteration2/collect/): at a revision, the file read is a copy in
+    the DVC cache or a temporary directory, whose path tells a user nothing."""
+    iteration, _, stage = t.stage.partition("_") if t.stage.startswith("iteration") else ("", "", t.stage)
+    return str(Path("data", iteration, stage, f"{t.table}.parquet"))
 
 
 def _fmt(v) -> str:
@@ -388,7 +419,7 @@ def versions(
             ", ".join(stale := revision.stale_stages()) or "-",
         )
         any_stale = any_stale or bool(stale)
-    console.print(table)
+    _show(table)
     if any_stale:
         console.print("stale: the stage's inputs changed after it ran, so its tables in that version come from the older inputs")
 
@@ -476,7 +507,10 @@ def diff(
         params.add_column(col)
     for k, (va, vb) in d["params"].items():
         params.add_row(k, _fmt(va), _fmt(vb))
-    console.print(params if d["params"] else "params: identical")
+    if d["params"]:
+        _show(params)
+    else:
+        console.print("params: identical")
     from rich import box
 
     tables = Table(title=f"tables: a = {rev_a}, b = {rev_b}", box=box.SIMPLE_HEAD)
@@ -500,7 +534,7 @@ def diff(
         if t["status"] and t["status"][0] != t["status"][1]:
             statuses.append(f"{name} status: {counts(t['status'][0])} -> {counts(t['status'][1])}")
         tables.rows[-1].end_section = True
-    console.print(tables)
+    _show(tables)
     for line in statuses:
         console.print(line)
     console.print("KS: the largest gap between the two empirical distributions (0 = identical, 1 = disjoint).")
@@ -528,7 +562,7 @@ def _print_rows(columns: list[str], rows: list[tuple], title: str | None) -> Non
         table.add_column(str(c))
     for r in rows:
         table.add_row(*("" if v is None else str(v) for v in r))
-    console.print(table)
+    _show(table)
 
 
 @app.command("import")

@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import yaml
-from prefect.artifacts import create_markdown_artifact
-from prefect.context import get_run_context
 
 from storage.revisions import lookup
 
@@ -52,6 +50,21 @@ def stage_spec(stage: str) -> dict:
     for name, value in fields.items():
         text = text.replace("${" + name + "}", str(value))
     return yaml.safe_load(text)
+
+
+def stage_roles(stages: list[str]) -> list[str]:
+    """The roles these stages call, in params order: those their dvc.yaml params name (a stage
+    that names all of `roles` calls any of them)."""
+    from tasks.params import Roles
+
+    named = set()
+    for stage in stages:
+        for key in stage_spec(stage).get("params", []):  # keys of params.yaml
+            if key == "roles":
+                named.update(Roles.model_fields)
+            elif key.startswith("roles."):
+                named.add(key.split(".")[1])
+    return [name for name in Roles.model_fields if name in named]
 
 
 def _stage_files(stage: str) -> tuple[list[Path], list[Path]]:
@@ -102,6 +115,10 @@ def _reward_lines(path: Path) -> list[str]:
 
 def publish(stage: str, metrics: dict) -> None:
     """A Prefect markdown artifact for the stage: rows in and out, failures, reward statistics, time."""
+    # Imported here: an error line (say_error) should not wait seconds for Prefect to load.
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.context import get_run_context
+
     started = get_run_context().flow_run.start_time
     seconds = (datetime.now(timezone.utc) - started).total_seconds() if started else None
     inputs, outputs = _stage_files(stage)
@@ -130,11 +147,24 @@ EXPECTED = {
     "storage.parquet": "SchemaVersionError",  # an input file of another table or schema version
     "tasks.train.sft": "TrainingDiverged",
     "flows.pipeline": "StageFailed",  # DVC's own errors, and a stage's, as the pipeline reports them
+    "models.openai": "MissingAPIKey",  # a role's api_key_env names a variable that is not set
 }
 
 
 def debug() -> bool:
     return os.environ.get(DEBUG_ENV) == "1"
+
+
+def say_error(msg: str) -> None:
+    """The one line an expected failure ends with, wherever a user meets it (`retrosight run`, a
+    stage run by DVC, a scheduled run under `retrosight serve`); the run's log file gets it too."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    # soft_wrap: one line however long, so a command in it can be pasted whole
+    Console().print(f"[red]error:[/] {escape(msg)}", soft_wrap=True)
+    if (log := logging.getLogger("retrosight")).handlers:  # the run's log file (log_to_file)
+        log.error("error: %s", msg)
 
 
 def expected_failure(e: BaseException, inputs: Sequence[Path] = ()) -> bool:

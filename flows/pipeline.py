@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from prefect import flow, get_client, task
@@ -24,6 +25,9 @@ from prefect.context import get_run_context
 
 from flows.common import stage_names
 from flows.linking import ERROR_FILE_ENV
+
+if TYPE_CHECKING:
+    from tasks.params import Params
 
 PARENT_TASK_ENV = "RETROSIGHT_PARENT_TASK_RUN_ID"
 # One pipeline run per workspace: two would interleave stages, params.yaml edits and experiments.
@@ -169,6 +173,23 @@ def apply_overrides(overrides: list[str], params: Path = Path("params.yaml")) ->
     except InvalidArgumentError as e:
         cause = e.__cause__
         raise ValueError(f"{' '.join(overrides)}: {cause or e}") from None
+
+
+def params_with(overrides: list[str], params: Path = Path("params.yaml")) -> Params:
+    """The params a run with these `-S` overrides reads, `params` itself left as it is: ParamsError
+    (a bad key or value) or ValueError (an override Hydra cannot apply) before any run does."""
+    import shutil
+
+    from tasks.params import load_params
+
+    with tempfile.TemporaryDirectory(prefix="retrosight-") as tmp:
+        copy = Path(tmp) / params.name
+        shutil.copy(params, copy)
+        try:
+            apply_overrides(overrides, copy)
+            return load_params(copy)
+        except ValueError as e:  # said of the copy; the user knows the file it copies
+            raise type(e)(str(e).replace(str(copy), str(params))) from None
 
 
 def save_experiment(name: str, message: str) -> list[str]:

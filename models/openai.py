@@ -45,6 +45,11 @@ async def _count_attempt(request: httpx.Request) -> None:
         counter[0] += 1
 
 
+class MissingAPIKey(ValueError):
+    """The variable a role's `api_key_env` names is not set: an expected failure, said in one line
+    naming the variable (and, where the role is known, the role: tasks.roles.check_api_keys)."""
+
+
 class OpenAIGenerator:
     backend = "openai"
     streams_results = True  # generate() reports each answer as it arrives (on_result)
@@ -95,7 +100,7 @@ class OpenAIGenerator:
             return "unused"  # the SDK insists on a key; a server that checks none ignores it
         key = os.environ.get(self.api_key_env)
         if not key:
-            raise ValueError(f"environment variable {self.api_key_env} is not set: it must hold the API key for {self.base_url or 'the OpenAI API'}")
+            raise MissingAPIKey(f"environment variable {self.api_key_env} is not set: it must hold the API key for {self.base_url or 'the OpenAI API'}")
         return key
 
     def generate(

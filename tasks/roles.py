@@ -11,8 +11,9 @@ so it is neither sampled again nor counted as a failure.
 """
 from __future__ import annotations
 
+import os
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, Literal, TypeVar
@@ -81,6 +82,22 @@ def _backend(role: RoleParams, path: str, batch_size: int | None) -> Generator:
     else:
         raise ValueError(f"backend {role.backend!r} does not generate text")
     return gen
+
+
+def check_api_keys(params: Params, roles: Iterable[str]) -> None:
+    """Before any work: MissingAPIKey, in one line naming each variable and the role that reads it,
+    when one of `roles` is on the openai backend and its api_key_env names a variable not set.
+    (The backend says the same when built, but it knows no role's name and a stage meets it late.)"""
+    missing = [
+        f"roles.{name} reads its API key for {role.base_url} from the environment variable {role.api_key_env}, which is not set: "
+        f"export {role.api_key_env}, or name the variable that holds the key in roles.{name}.api_key_env"
+        for name in roles
+        if (role := getattr(params.roles, name)).backend == "openai" and role.api_key_env and not os.environ.get(role.api_key_env)
+    ]
+    if missing:
+        from models.openai import MissingAPIKey  # here: the SDK is imported only when a key is missing
+
+        raise MissingAPIKey("; ".join(missing))
 
 
 def role_sampling(role: RoleParams) -> SamplingParams:

@@ -26,6 +26,9 @@ def test_import_quarantines_a_bad_row_and_inspect_shows_it(tmp_path):
 
     listing = run([str(BIN / "retrosight"), "inspect"], work)
     assert "import.trajectories" in listing.stdout and "import.quarantine" in listing.stdout
+    # Files as the workspace names them, whole (the output is a pipe, where rich would cut at 80 columns).
+    assert "data/import/trajectories.parquet" in listing.stdout and str(work) not in listing.stdout, listing.stdout
+    assert "…" not in listing.stdout, listing.stdout
 
     q = run([str(BIN / "retrosight"), "inspect", "--sql", "SELECT row, field FROM import.quarantine ORDER BY row"], work)
     assert "seed" in q.stdout and "json" in q.stdout.lower()
@@ -87,3 +90,37 @@ def test_run_with_a_bad_preset_names_it_and_leaves_params_yaml_alone(tmp_path):
         out = run([str(BIN / "retrosight"), "run", "--preset", preset], tmp_path, check=False)
         assert out.returncode != 0 and says in out.stdout + out.stderr, out.stdout + out.stderr
         assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
+
+
+def _split(success: float, se: float, ret: float) -> dict:
+    return {"episodes": 48, "success_rate": success, "success_se": se, "mean_return": ret, "return_se": 1.3, "mean_turns": 17.5, "turns_se": 0.7}
+
+
+def test_results_print_whole_figures_into_a_pipe_at_any_width(tmp_path):
+    """rich cuts a table to 80 columns (or $COLUMNS) when its output is not a terminal: figures
+    came out as `0.000±0.0…` in make run's log. Into a pipe, the table is printed whole."""
+    names = ["bootstrap", "refit_logged", "filtered_bc_logged", "bootstrap+best_of_4", "a_policy_with_a_long_name_of_its_own"]
+    metrics = {
+        "splits": ["val", "test"], "episodes_per_task": 1, "sampling": {"temperature": 0.7, "top_p": 1.0, "max_new_tokens": 112},
+        "policies": {n: {s: _split(0.125 * i, 0.0478, -20.0 + i) for s in ("val", "test", "heldout")} for i, n in enumerate(names)},
+    }
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics))
+    for columns in ("80", "40"):
+        out = run([str(BIN / "retrosight"), "results", "--metrics", "metrics.json"], tmp_path, env_extra={"COLUMNS": columns}).stdout
+        assert "…" not in out, out
+        for i, name in enumerate(names):
+            row = next(line for line in out.splitlines() if f" {name} " in line)
+            cells = [c.strip() for c in row.strip("│ ").split("│")]
+            assert cells == [name, *[f"{0.125 * i:.3f}±0.048"] * 3, f"{-20.0 + i:.1f}±1.3", "17.5±0.7"], row
+
+
+def test_inspect_names_a_table_at_a_revision_by_its_path_in_the_repository():
+    from pathlib import Path
+
+    from flows.cli import _repo_path
+    from storage.catalog import TableInfo
+
+    cached = Path("/elsewhere/.dvc/cache/files/md5/ab/cdef")  # where a revision's file is read from
+    for stage, table, path in (("collect", "trajectories", "data/collect/trajectories.parquet"),
+                               ("iteration2_collect", "trajectories", "data/iteration2/collect/trajectories.parquet")):
+        assert _repo_path(TableInfo(stage, table, cached, 1, "trajectories", 1)) == path

@@ -5,26 +5,30 @@ from __future__ import annotations
 
 import logging
 import re
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import BIN, free_port, make_project, run
+from conftest import BIN, ROOT, free_port, make_project, project_env, run, stop_process
 from fault_double import running, write_logged_games
-from flows.common import _QuietExpected, expected_failure
+from flows.common import _QuietExpected, expected_failure, stage_roles
 from flows.pipeline import StageFailed
 from models.base import BackendUnavailable
+from models.openai import MissingAPIKey
 from storage.parquet import SchemaVersionError
 from tasks.params import ParamsError, RoleParams
 from tasks.roles import Outcome, RoleFailure, account, check_failure_rate
+from test_versions import prefect_server  # noqa: F401  (the fixture: a real `prefect server start`)
 
 RETRO = str(BIN / "retrosight")
 
 
 def test_expected_failures_are_told_from_bugs():
     inputs = [Path("data/collect/trajectories.parquet")]
-    for e in (RoleFailure("x"), ParamsError("x"), BackendUnavailable("x"), SchemaVersionError("x"), StageFailed("x"),
+    for e in (RoleFailure("x"), ParamsError("x"), BackendUnavailable("x"), SchemaVersionError("x"), StageFailed("x"), MissingAPIKey("x"),
               ValueError("data/collect/trajectories.parquet: not a readable Parquet file: ...")):
         assert expected_failure(e, inputs), e
     for e in (ValueError("badly formed hexadecimal UUID string"), ValueError("data/label/labels.parquet: column 'x'"), KeyError("k"), RuntimeError("x")):
@@ -158,3 +162,105 @@ def test_a_bad_input_file_a_bad_param_and_a_bug_each_end_as_they_should(tmp_path
     result = run([RETRO, "stage", "summarize"], project, check=False, env_extra={"RETROSIGHT_PARENT_TASK_RUN_ID": "not-a-uuid"})
     output = result.stdout + result.stderr
     assert result.returncode != 0 and "Traceback" in output and "badly formed hexadecimal UUID string" in output, output[-4000:]
+
+
+UNSET = "RETROSIGHT_UNSET_TEST_KEY"  # a variable no environment sets
+
+
+def _needs_unset_key(project: Path) -> None:
+    _set(project, "roles", "labeler", {"backend": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1", "api_key_env": UNSET})
+
+
+def test_the_roles_a_stage_calls_are_those_its_dvc_yaml_params_name(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert stage_roles(["bootstrap", "standardize"]) == []
+    assert stage_roles(["label"]) == ["labeler"]
+    assert stage_roles(["collect", "summarize"]) == ["policy", "simulator", "summarizer"]
+
+
+def test_a_missing_api_key_is_one_line_naming_it_and_its_role_from_run_and_serve(tmp_path):
+    project = make_project(tmp_path)
+    # serve refuses now what every scheduled run would meet: here a bad value set with -S.
+    result = run([RETRO, "serve", "--cron", "0 3 * * *", "-S", "roles.summarizer.max_failure_rate=2"], project, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode == 2 and "Traceback" not in output, output[-4000:]
+    assert _errors(output) == ["error: params.yaml: invalid parameters"], output[-4000:]
+    assert "roles.summarizer.max_failure_rate: Input should be less than or equal to 1" in output
+
+    _needs_unset_key(project)
+    before = (project / "params.yaml").read_text()
+    # serve is refused before it looks for a Prefect server (none here), run before any stage.
+    for cmd in ([RETRO, "run"], [RETRO, "serve", "--cron", "0 3 * * *"]):
+        result = run(cmd, project, check=False)
+        output = result.stdout + result.stderr
+        assert result.returncode == 2 and "Traceback" not in output, output[-4000:]
+        [error] = _errors(output)
+        assert error.startswith(f"error: roles.labeler reads its API key for http://127.0.0.1:9/v1 from the environment variable {UNSET}, which is not set"), error
+        assert (project / "params.yaml").read_text() == before
+    assert not (project / "data").exists() and not (project / ".retrosight/logs/bootstrap.log").exists()
+
+
+def _wait_for(what, timeout: float, proc: subprocess.Popen, log: Path):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        assert proc.poll() is None, log.read_text()[-4000:]
+        if found := what():
+            return found
+        time.sleep(1)
+    raise AssertionError(f"not within {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.mark.system
+def test_a_scheduled_run_ends_in_the_same_one_line_as_run(tmp_path, prefect_server):  # noqa: F811
+    from prefect.client.orchestration import SyncPrefectClient
+
+    project = make_project(tmp_path)
+    params = project / "params.yaml"
+    original = params.read_text()
+    env = {**project_env(project.parent), "PREFECT_API_URL": prefect_server, "PREFECT_RUNNER_POLL_FREQUENCY": "2"}
+    serve_log = tmp_path / "serve.log"
+    with open(serve_log, "w") as out:
+        serve = subprocess.Popen([RETRO, "serve", "--cron", "0 3 * * *", "--name", "nightly", "--no-push"], cwd=project, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        def deployed():
+            with SyncPrefectClient(prefect_server) as client:  # this process has no PREFECT_API_URL
+                return any(d.name == "nightly" for d in client.read_deployments())
+
+        _wait_for(deployed, 180, serve, serve_log)
+        url = f"http://127.0.0.1:{free_port()}/v1"
+
+        def bad_value():
+            _set(project, "roles", "summarizer", {"backend": "oracle", "max_failure_rate": 2})
+
+        def dead_simulator():  # passes every check before the run; collect, after bootstrap, meets it
+            _set(project, "roles", "simulator", {"backend": "openai", "model": "m", "base_url": url, "max_retries": 0, "timeout": 5})
+
+        # Each edit lands after serve started: the scheduled run reads params.yaml as it is then.
+        for n, (edit, said) in enumerate((
+            (bad_value, "error: params.yaml: invalid parameters"),
+            (lambda: _needs_unset_key(project), f"error: roles.labeler reads its API key for http://127.0.0.1:9/v1 from the environment variable {UNSET}, which is not set"),
+            (dead_simulator, f"error: collect: openai: cannot reach {url} (connection refused); nothing was sent [traceback: .retrosight/logs/collect.log]"),
+        ), start=1):
+            params.write_text(original)
+            edit()
+            start = len(serve_log.read_text())
+            triggered = subprocess.run(
+                [str(BIN / "prefect"), "deployment", "run", "retrosight-scheduled/nightly", "--watch", "--watch-timeout", "900"],
+                cwd=project, env=env, text=True, capture_output=True, timeout=960,
+            )
+            assert "finished in state 'Failed'" in triggered.stdout, triggered.stdout[-3000:] + serve_log.read_text()[-4000:]
+            # The run's process prints its line before it exits, and the runner logs the exit after
+            # (to serve's log file alone).
+            _wait_for(lambda: (project / ".retrosight/logs/serve.log").read_text().count("exited with status code: 1") == n, 60, serve, serve_log)  # noqa: B023
+            output = serve_log.read_text()[start:]
+            [error] = _errors(output)
+            assert error.startswith(said), output[-4000:]
+            # No traceback, no Prefect failure report, no runner's report of the exit.
+            for noise in ("Traceback", "Finished in state Failed", "exited with status code", "Check the flow run logs"):
+                assert noise not in output, f"{noise!r} in:\n{output[-4000:]}"
+    finally:
+        stop_process(serve)
+    # The tracebacks are in the logs: the stage's, and the scheduled run's.
+    collect = (project / ".retrosight/logs/collect.log").read_text()
+    assert "Traceback (most recent call last)" in collect and "BackendUnavailable" in collect
+    assert "StageFailed" in (project / ".retrosight/logs/scheduled.log").read_text()
