@@ -24,9 +24,11 @@ Every pair trained on is in out_dir/preferences.parquet (the state, chosen and r
 their critic scores, the round, who made them), each round's counts (states, explored, ties,
 pairs, the critic's mean score of chosen and rejected) in metrics.json, its DPO loss, implicit-reward margin and accuracy in loss.json, and
 the actor after the last round is out_dir/model. A failed generation leaves its state out of the
-round, counted.
+round, counted. With a critic the critic stage left untrained (no pair to train on: its
+UNTRAINED.txt), every candidate would tie, so no round runs: the actor is the base model, and
+metrics.json says why.
 
-With nproc_per_node > 1 the stage runs on that many ranks under torchrun (tasks/train/launch.py),
+With nproc_per_node > 1 the stage runs on that many ranks under torchrun (tasks/train/distributed.py),
 as train and critic do: rank 0 alone generates, asks the critic and the reference, and sends the
 round's pairs to every rank; every rank then runs the round's DPO update under DeepSpeed
 (`deepspeed`, ZeRO-3 by default), each taking its share of every global batch of
@@ -57,10 +59,9 @@ from tasks.params import Params
 from tasks.roles import account, call_requests, make_generator, policy_generator
 from tasks.rollout import Episode, LMAgent, derive_seed, episode_from_prefix, new_episode, play
 from tasks.simulator import make_simulator
-from tasks.train import _deepspeed_config, _partition, _save
 from tasks.train import critic as critic_model
 from tasks.train import online_dpo
-from tasks.train.launch import launch, rank, world_size
+from tasks.train.distributed import deepspeed_config, launch, partition, rank, save, world_size
 from tasks.train.sft import MaskError
 
 def state_key(prompt: list[dict]) -> str:
@@ -97,7 +98,7 @@ def val_success(params: Params, model_dir: Path, label: str) -> float:
 
 
 def _model_dir(model, tokenizer, folder: Path) -> Path:
-    _save(model, tokenizer, folder, main=True)  # rank 0 alone, on a model no rank has partitioned (see _unpartitioned)
+    save(model, tokenizer, folder, main=True)  # rank 0 alone, on a model no rank has partitioned (see _unpartitioned)
     return folder
 
 
@@ -115,7 +116,7 @@ def _unpartitioned(model, tokenizer, folder: Path, main: bool):
     every round in one process too, so the rounds are the same updates."""
     from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
-    _save(model, tokenizer, folder, main)
+    save(model, tokenizer, folder, main)
     torch.distributed.barrier()
     unset_hf_deepspeed_config()  # else from_pretrained would partition the model again, across ranks
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
@@ -207,7 +208,7 @@ def _round_pairs(params: Params, chunk: list[dict], i: int, trajs: dict, summary
 
 def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summaries: Path, out_dir: Path) -> dict:
     """Writes out_dir/model, out_dir/loss.json and out_dir/metrics.json. With
-    actor.nproc_per_node > 1, relaunches itself on that many ranks (tasks/train/launch.py): rank 0
+    actor.nproc_per_node > 1, relaunches itself on that many ranks (tasks/train/distributed.py): rank 0
     makes each round's pairs (generation, the critic, the reference's log-probabilities) and
     writes everything; every rank runs the round's DPO update under DeepSpeed."""
     if params.roles.policy.backend == "openai":
@@ -229,27 +230,30 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
     trajs = {t["trajectory_id"]: t for path in trajectory_files for t in from_table(inputs.read(path, "trajectories"))}
     summary_of = {s["trajectory_id"]: s["summary"] for s in inputs.read(summaries, "summaries").to_pylist() if s["status"] == "ok"}
     chosen_states, missing = states(selected, trajs, summary_of, params.seed, a.prompts)
-    if not chosen_states:
+    # An untrained critic scores every candidate alike: each round would generate ties only.
+    critic_untrained = critic_model.untrained(a.critic)
+    if not chosen_states and not critic_untrained:
         raise ValueError(f"{pairs}: no selected pair's state to train the actor on ({len(selected)} selected, {missing} from trajectories not in {', '.join(map(str, trajectory_files))})")
     set_seed(params.seed)
     torch.use_deterministic_algorithms(True)
     model = AutoModelForCausalLM.from_pretrained(a.base_model, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(a.base_model)
     # Only rank 0 generates, scores and computes the reference's log-probabilities.
-    reference = AutoModelForCausalLM.from_pretrained(a.base_model, dtype=torch.float32) if main else None
-    score = critic_model.scorer(a.critic) if main else None
+    plays = main and not critic_untrained
+    reference = AutoModelForCausalLM.from_pretrained(a.base_model, dtype=torch.float32) if plays else None
+    score = critic_model.scorer(a.critic) if plays else None
     proposer_role = params.roles.proposer
-    proposer = make_generator(proposer_role, params.cache.path) if main and a.explore_prob > 0 and proposer_role.backend != "oracle" else None
+    proposer = make_generator(proposer_role, params.cache.path) if plays and a.explore_prob > 0 and proposer_role.backend != "oracle" else None
     kwargs = {k: getattr(a, k) for k in ("epochs", "batch_size", "learning_rate", "warmup_ratio", "weight_decay", "bf16")}
-    deepspeed_config = _deepspeed_config(a.deepspeed)
+    zero = deepspeed_config(a.deepspeed)
     rounds, curve, all_calls, table, kept = [], [], [], [], []
-    partition = None
-    if main:
+    shares = None  # the parameter elements each rank holds (ZeRO-3)
+    if plays:
         print(f"actor: {len(chosen_states)} states in {a.rounds} rounds" + (f" on {ranks} ranks" if ranks > 1 else ""), flush=True)
     with tempfile.TemporaryDirectory(prefix="retrosight-actor-") if main else contextlib.nullcontext() as tmp:
         if ranks > 1:
             tmp = _from_rank0(tmp)  # one folder for the gathered weights, on this node
-        for i in range(a.rounds):
+        for i in range(0 if critic_untrained else a.rounds):
             chunk = chosen_states[i :: a.rounds]
             if not chunk:
                 continue
@@ -262,10 +266,10 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
             if rows:
                 points = online_dpo.fit(
                     model, tokenizer, rows, seed=derive_seed(params.seed, "actor-round", i), beta=a.kl_beta,
-                    max_loss_ratio=a.max_loss_ratio, deepspeed=deepspeed_config, **kwargs,
+                    max_loss_ratio=a.max_loss_ratio, deepspeed=zero, **kwargs,
                 )
                 if ranks > 1:
-                    partition = _partition(model)
+                    shares = partition(model)
                     model = _unpartitioned(model, tokenizer, Path(tmp) / f"trained-{i}", main)
             if not main:
                 continue
@@ -291,7 +295,10 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
             shutil.rmtree(out_dir / "model", ignore_errors=True)
             shutil.copytree(kept[chosen], out_dir / "model")
     untrained = None
-    if not any(r["pairs"] for r in rounds):
+    if critic_untrained:
+        untrained = f"the critic at {a.critic} was not trained ({critic_untrained}), so it ranks no candidate; the actor is the base model"
+        print(f"actor: {untrained}", flush=True)
+    elif not any(r["pairs"] for r in rounds):
         # As train does for a method left without rows: the base is kept, and the metrics say why.
         untrained = f"no pair to train on in {len(rounds)} rounds over {len(chosen_states)} states: every state's candidates tied or failed; the actor is the base model"
         print(f"actor: {untrained}", flush=True)
@@ -309,7 +316,7 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
         "pairs": sum(r["pairs"] for r in rounds),
         **({"untrained": untrained} if untrained else {}),
         **({"chosen_round": chosen} if chosen is not None else {}),
-        **({"world_size": ranks, "partition": partition} if ranks > 1 else {}),
+        **({"world_size": ranks, "partition": shares} if ranks > 1 else {}),
         "final_loss": curve[-1]["loss"] if curve else None,
         "seconds": round(time.time() - t0, 1),
     }

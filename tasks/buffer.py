@@ -152,6 +152,19 @@ def select(rows: list[dict], size: int, low_share: float | None, alpha: float | 
     }
 
 
+def balance_note(counts: dict, pairs: int, low_share: float | None) -> str | None:
+    """What the balance did to the selection, when it left out pairs a user would expect in it."""
+    if "unbalanced" in counts:
+        return f"{counts['selected']} of {pairs} pairs selected without balance: {counts['unbalanced']}"
+    if not counts.get("cut_to_keep_share"):
+        return None
+    have = {h: counts["available"][f"{h}_on-policy"] + counts["available"][f"{h}_hindsight"] for h in ("low", "high")}
+    short = min(have, key=lambda h: have[h] / (low_share if h == "low" else 1 - low_share))
+    n = counts["selected"]["low"] + counts["selected"]["high"]
+    return (f"{n} of {pairs} pairs selected: the {short} half (target {'<' if short == 'low' else '>='} 0.5) has {have[short]}, "
+            f"so the other half was cut to keep low_share = {low_share:g}")
+
+
 def run_buffer(params: Params, trajectory_files: list[Path], out_dir: Path) -> dict:
     """Writes out_dir/pairs.parquet, out_dir/quarantine.parquet and out_dir/metrics.json."""
     t0 = time.time()
@@ -162,6 +175,8 @@ def run_buffer(params: Params, trajectory_files: list[Path], out_dir: Path) -> d
         trajs = [t for t in trajs if t["source"] in LOGGED_SOURCES]
     rows = build_pairs(trajs, b.gamma, b.target, env.reward_range)
     counts = select(rows, b.size, b.low_share, b.alpha, derive_seed(params.seed, "buffer"))
+    if note := balance_note(counts, len(rows), b.low_share):
+        print(f"buffer: {note}", flush=True)
     write_table(to_table(rows, "pairs"), out_dir / "pairs.parquet", "pairs")
     chosen = [r for r in rows if r["selected"]]
     metrics = {

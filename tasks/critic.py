@@ -5,6 +5,12 @@ training; the critic's calibration on them (its error against their Monte Carlo 
 the error of always predicting the training targets' mean) is the stage's metric. A pair longer
 than the model's context is left out and counted.
 
+A handful of pairs (the buffer's balance can keep as few as twice its rarer half) still trains,
+and metrics.json says they were fewer than one batch (`few_pairs`). With none to train on, the
+stage does not stop the pipeline: the critic is skipped, a zero head that scores every pair 0.5,
+its reason printed, in metrics.json (`untrained`) and in model/UNTRAINED.txt, where the actor
+reads it (tasks/train/critic.py: untrained).
+
 With select: best_of_n_val the critic after every epoch is kept, each plays best-of-N with the
 policy on the val games (HOPE 2.7), and the best is the stage's model (select_checkpoint).
 """
@@ -26,9 +32,8 @@ from tasks.params import Params
 from tasks.roles import policy_generator
 from tasks.rollout import BestOfNAgent, derive_seed, new_episode, play
 from tasks.simulator import make_simulator
-from tasks.train import _deepspeed_config, _partition, _save
 from tasks.train import critic as algorithm
-from tasks.train.launch import launch, rank, world_size
+from tasks.train.distributed import deepspeed_config, launch, partition, rank, save, world_size
 
 
 def heldout(key: str, seed: int, share: float) -> bool:
@@ -59,7 +64,7 @@ class EpochSnapshots(TrainerCallback):
 
     def on_epoch_end(self, args, state, control, **kwargs):
         path = self.folder / f"epoch-{len(self.saved) + 1}"
-        _save(self.model, self.tokenizer, path, self.main)
+        save(self.model, self.tokenizer, path, self.main)
         self.saved.append(path)
 
 
@@ -89,9 +94,26 @@ def select_checkpoint(params: Params, snapshots: list[Path], held: list[dict], m
     return {"by": c.select, "n": c.select_n, "checkpoints": figures, "chosen": figures[best]["checkpoint"]}
 
 
+def _skipped(model, tokenizer, out_dir: Path, why: str, main: bool, metrics: dict) -> dict:
+    """The critic left untrained: a zero head, the reason beside its weights and in its metrics."""
+    with torch.no_grad():
+        model.score.weight.zero_()
+    save(model, tokenizer, out_dir / "model", main)
+    if not main:
+        return metrics
+    print(f"critic: not trained: {why}; it scores every pair 0.5", flush=True)
+    (out_dir / "model" / algorithm.UNTRAINED).write_text(why + "\n")
+    (out_dir / "loss.json").write_text("[]\n")
+    metrics.update(trained=False, untrained=why)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
 def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
     """Writes out_dir/model (a sequence-classification model directory), out_dir/loss.json and
-    out_dir/metrics.json. With critic.nproc_per_node > 1, relaunches itself on that many ranks."""
+    out_dir/metrics.json. With critic.nproc_per_node > 1, relaunches itself on that many ranks.
+    With no pair to train on, the critic is skipped: its model scores every pair alike, and
+    model/UNTRAINED.txt and metrics.json say why (tasks/train/critic.py: untrained)."""
     t0 = time.time()
     c = params.critic
     if c.nproc_per_node > 1 and not torch.distributed.is_torchelastic_launched():
@@ -111,10 +133,20 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
             too_long += 1
             continue
         (held if heldout(r["key"], params.seed, c.heldout_share) else train).append({"input_ids": ids, "target": r["target"]})
+    selected = f"{len(rows)} of the buffer's {table.num_rows} pairs selected"
     if not train:
-        raise ValueError(f"{pairs}: no selected pair to train the critic on ({len(rows)} selected, {too_long} longer than the model's {context} positions)")
+        # Skipped, not stopped: the critic is the base policy with a zero head, which scores every
+        # pair 0.5, so the actor sees only ties and best-of-N plays the policy's first sample.
+        why = f"no pair to train on ({selected}, {too_long} too long for the model's {context} positions, {len(held)} held out)"
+        return _skipped(model, tokenizer, out_dir, why, main, {
+            "inputs": inputs.write(out_dir) if main else {}, "base_model": c.base_model, "pairs_selected": len(rows), "pairs_too_long": too_long,
+            "seconds": round(time.time() - t0, 1),
+        })
+    few = f"{len(train)} pairs to train on, fewer than one batch ({c.batch_size}): its scores say little" if len(train) < c.batch_size else None
     if main:
-        print(f"critic: {len(train)} pairs to train on, {len(held)} held out, {too_long} too long for the context", flush=True)
+        print(f"critic: {len(train)} pairs to train on ({selected}), {len(held)} held out, {too_long} too long for the context", flush=True)
+        if few:
+            print(f"critic: {few}; the buffer's metrics.json says why it selected so few", flush=True)
     head = algorithm.fit_head(model, tokenizer, train) if c.head_init == "probe" else None
     if main and head:
         print(f"critic: head fit on the frozen policy, Eq. 1 {head['loss_zero_head']} -> {head['loss_fit_head']}", flush=True)
@@ -123,16 +155,17 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
     shutil.rmtree(snapshots, ignore_errors=True)
     callbacks = (EpochSnapshots(model, tokenizer, snapshots, main),) if c.select == "best_of_n_val" else ()
     curve = algorithm.train(
-        model, tokenizer, train, params.seed, padding_free=False, deepspeed=_deepspeed_config(c.deepspeed),
+        model, tokenizer, train, params.seed, padding_free=False, deepspeed=deepspeed_config(c.deepspeed),
         max_loss_ratio=c.max_loss_ratio, callbacks=callbacks, **kwargs,
     )
-    partition = _partition(model)
+    shares = partition(model)
     # Every rank scores the same pairs: under ZeRO-3 each forward gathers the layers from all ranks.
     scored = {name: algorithm.score(model, tokenizer, [e["input_ids"] for e in part]) for name, part in (("heldout", held), ("train", train))}
-    _save(model, tokenizer, out_dir / "model", main)
+    save(model, tokenizer, out_dir / "model", main)
     metrics: dict = {"inputs": inputs.write(out_dir) if main else {}}
     if not main:
         return metrics
+    (out_dir / "model" / algorithm.UNTRAINED).unlink(missing_ok=True)  # a skipped run's, in the same folder
     mean = sum(e["target"] for e in train) / len(train)
     if callbacks:
         metrics["selection"] = select_checkpoint(params, callbacks[0].saved, held, mean, out_dir / "model")
@@ -140,7 +173,7 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
         model, tokenizer = algorithm.load_critic(str(out_dir / "model"))
         scored = {name: algorithm.score(model, tokenizer, [e["input_ids"] for e in part]) for name, part in (("heldout", held), ("train", train))}
     if world_size() > 1:
-        metrics.update(world_size=world_size(), partition=partition)
+        metrics.update(world_size=world_size(), partition=shares)
     points = [{"step": e["step"], "loss": e["loss"]} for e in curve]
     (out_dir / "loss.json").write_text(json.dumps(points) + "\n")
     metrics.update({
@@ -148,6 +181,8 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
         "head_init": head or c.head_init,
         "pairs_selected": len(rows),
         "pairs_too_long": too_long,
+        "trained": True,
+        **({"few_pairs": few} if few else {}),
         "calibration": {name: calibration(scored[name], [e["target"] for e in part], mean) for name, part in (("heldout", held), ("train", train))},
         "final_loss": points[-1]["loss"] if points else None,
         "seconds": round(time.time() - t0, 1),

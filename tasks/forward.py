@@ -57,7 +57,7 @@ from tasks.params import Params
 from tasks.regenerate import share_hash
 from tasks.roles import REASON_CHARS, TOP_REASONS, account, call_requests, make_generator
 from tasks.rollout import derive_seed, episode_from_prefix
-from tasks.train import _save
+from tasks.train.distributed import save
 from tasks.train.sft import tokenize_chats, train_sft
 
 
@@ -166,13 +166,13 @@ def run_forward(params: Params, trajectories: Path, out_dir: Path) -> dict:
         models.mkdir(parents=True, exist_ok=True)
         if not sets[name]:  # as train does for a method with no rows: the base model, and the reason
             print(f"forward: no example for the {name} ({why_none}); it is the base model", flush=True)
-            _save(model, tokenizer, models / name, True)
+            save(model, tokenizer, models / name, True)
             trained[name] = {"examples": 0, "skipped": f"no example ({why_none}): the base model"}
             continue
         print(f"forward: {name}, {epochs:g} epochs at lr {f.learning_rate:g} on {len(sets[name])} examples", flush=True)
         points = train_sft(model, tokenizer, sets[name], epochs=epochs, learning_rate=f.learning_rate, seed=params.seed, **kwargs)
         curve.extend({"model": name, "step": p["step"], "loss": p["loss"]} for p in points)
-        _save(model, tokenizer, models / name, True)
+        save(model, tokenizer, models / name, True)
         trained[name] = {"examples": len(sets[name]), "epochs": epochs, "final_loss": points[-1]["loss"] if points else None}
         del model
     (out_dir / "loss.json").write_text(json.dumps(curve) + "\n")

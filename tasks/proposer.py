@@ -45,7 +45,7 @@ from tasks.params import Params
 from tasks.regenerate import ok_relabels
 from tasks.roles import REASON_CHARS, TOP_REASONS, account, call_requests, make_generator
 from tasks.rollout import derive_seed
-from tasks.train import _save
+from tasks.train.distributed import save
 from tasks.train.sft import tokenize_chats, train_sft
 
 
@@ -169,7 +169,7 @@ def run_proposer(params: Params, relabels: Path, trajectory_files: list[Path], s
         print(f"proposer: phase 2 skipped: {why}", flush=True)
         phases["2"] = {"sites": 0, "skipped": why}
     out_dir.mkdir(parents=True, exist_ok=True)
-    _save(model, tokenizer, out_dir / "model", True)
+    save(model, tokenizer, out_dir / "model", True)
     (out_dir / "loss.json").write_text(json.dumps(curve) + "\n")
 
     metrics = {

@@ -149,6 +149,24 @@ def test_without_exploration_every_pair_comes_from_the_actor(chain, tiny_model_d
     assert set(pl.read_parquet(tmp_path / "preferences.parquet")["source"]) == {"policy"}
 
 
+def test_with_an_untrained_critic_the_actor_is_the_base_and_says_why(chain, tiny_model_dir, tmp_path, capsys):
+    """The critic stage skipped for want of pairs: its critic would tie every candidate, so the
+    actor plays no round and keeps the base, with the critic's reason."""
+    from tasks.critic import run_critic
+
+    pairs = pl.read_parquet(chain / "pairs.parquet").with_columns(selected=pl.lit(False))
+    write_table(pairs.to_arrow(), tmp_path / "none.parquet", "pairs")
+    run_critic(Params.model_validate(tiny_params({"critic": {"base_model": str(tiny_model_dir)}})), tmp_path / "none.parquet", tmp_path / "critic")
+    p = actor_params(chain, tiny_model_dir, critic=str(tmp_path / "critic/model"))
+    m = run_actor(p, chain / "pairs.parquet", [chain / "collect.parquet", chain / "regenerate.parquet"], chain / "summaries.parquet", tmp_path / "a")
+    assert m["rounds"] == [] and m["pairs"] == 0 and pl.read_parquet(tmp_path / "a/preferences.parquet").height == 0
+    assert m["untrained"].startswith(f"the critic at {tmp_path / 'critic/model'} was not trained (no pair to train on (0 of the buffer's")
+    assert f"actor: {m['untrained']}" in capsys.readouterr().out
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    kept = AutoModelForCausalLM.from_pretrained(tmp_path / "a/model").state_dict()
+    assert all(torch.equal(base[k], kept[k]) for k in base)
+
+
 def test_the_loss_and_its_masks_match_trls_dpo_trainer(tiny_model_dir, tmp_path):
     """TRL's DPOTrainer, given the same pair as prompt and completions in its conversational
     format, computes the same loss: the same action tokens carry it, against the same reference."""

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 from storage.parquet import write_table
-from tasks.buffer import build_pairs, returns_to_go, run_buffer, select
+from tasks.buffer import balance_note, build_pairs, returns_to_go, run_buffer, select
 from tasks.params import Params
 from conftest import tiny_params
 
@@ -94,6 +94,7 @@ def test_balance_takes_on_policy_lows_first_and_alpha_of_the_highs_from_hindsigh
     counts = select(rows, 10, 0.5, 0.4, seed=0)
     assert chosen(rows) == {("low", "on-policy"): 3, ("low", "hindsight"): 2, ("high", "on-policy"): 3, ("high", "hindsight"): 2}
     assert counts["selected"] == {"low": 5, "high": 5, "high_hindsight": 2} and not counts["cut_to_keep_share"]
+    assert balance_note(counts, len(rows), 0.5) is None
 
 
 def test_a_short_half_cuts_the_other_and_a_short_source_is_filled():
@@ -102,6 +103,8 @@ def test_a_short_half_cuts_the_other_and_a_short_source_is_filled():
     # 2 lows exist, so 2 highs: alpha would take 1 from hindsight, and on-policy has the other 1
     assert chosen(rows) == {("low", "on-policy"): 2, ("low", "hindsight"): 0, ("high", "on-policy"): 1, ("high", "hindsight"): 1}
     assert counts["cut_to_keep_share"]
+    # the stage prints why so few were kept (persuasion's quick look: 4 of 145)
+    assert balance_note(counts, len(rows), 0.5) == "4 of 33 pairs selected: the low half (target < 0.5) has 2, so the other half was cut to keep low_share = 0.5"
     rows = rows_of({("low", "on-policy"): 10, ("high", "on-policy"): 1, ("high", "hindsight"): 10})
     select(rows, 10, 0.5, 0.4, seed=0)
     assert chosen(rows)[("high", "hindsight")] == 4  # on-policy had one of its three: hindsight fills
@@ -111,6 +114,7 @@ def test_with_one_half_empty_the_pairs_are_drawn_unbalanced_and_it_is_said():
     rows = rows_of({("low", "on-policy"): 30, ("low", "hindsight"): 5})
     counts = select(rows, 20, 0.5, 0.4, seed=0)
     assert sum(r["selected"] for r in rows) == 20 and counts["unbalanced"] == "no pair in the high half"
+    assert balance_note(counts, len(rows), 0.5) == "20 of 35 pairs selected without balance: no pair in the high half"
 
 
 def test_selection_is_seeded():

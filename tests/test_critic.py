@@ -149,3 +149,38 @@ def test_best_of_n_on_val_chooses_among_the_epochs_checkpoints(tiny_model_dir, t
     assert m["calibration"]["heldout"]["mae"] == chosen["heldout_mae"]
     assert sel["checkpoints"][0]["heldout_mae"] != sel["checkpoints"][1]["heldout_mae"]  # two different critics
     assert not (tmp_path / "out/.epochs").exists()
+
+
+def test_the_critic_trains_on_a_handful_of_pairs_and_says_they_are_few(tiny_model_dir, tmp_path, capsys):
+    """Persuasion's quick look: the buffer's balance kept 4 pairs. The critic trains on them (a
+    noisy batch does not stop it) and says they are few, and why."""
+    rows = pairs_table(40)
+    for i, r in enumerate(rows):
+        r["selected"] = i < 4  # two good, two bad
+    write_table(to_table(rows, "pairs"), tmp_path / "pairs.parquet", "pairs")
+    params = Params.model_validate(tiny_params({"critic": {"base_model": str(tiny_model_dir), "epochs": 8}}))  # one batch a step, as there
+    m = run_critic(params, tmp_path / "pairs.parquet", tmp_path / "out")
+    out = capsys.readouterr().out
+    n = m["calibration"]["train"]["pairs"]
+    assert m["trained"] and n + m["calibration"]["heldout"]["pairs"] == 4 and n > 0
+    assert len(json.loads((tmp_path / "out/loss.json").read_text())) == 8  # every step ran and logged
+    assert m["few_pairs"] == f"{n} pairs to train on, fewer than one batch ({params.critic.batch_size}): its scores say little"
+    assert f"critic: {n} pairs to train on (4 of the buffer's 40 pairs selected)" in out and m["few_pairs"] in out
+    assert critic.untrained(tmp_path / "out/model") is None
+
+
+def test_with_no_pair_to_train_on_the_critic_is_skipped_with_its_reason(tiny_model_dir, tmp_path, capsys):
+    rows = pairs_table(10)
+    for r in rows:
+        r["selected"] = False
+    write_table(to_table(rows, "pairs"), tmp_path / "pairs.parquet", "pairs")
+    raw = tiny_params({"critic": {"base_model": str(tiny_model_dir)}})
+    m = run_critic(Params.model_validate(raw), tmp_path / "pairs.parquet", tmp_path / "out")
+    why = "no pair to train on (0 of the buffer's 10 pairs selected, 0 too long for the model's 1024 positions, 0 held out)"
+    assert m["trained"] is False and m["untrained"] == why
+    assert f"critic: not trained: {why}; it scores every pair 0.5" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out/metrics.json").read_text())["untrained"] == why
+    assert critic.untrained(tmp_path / "out/model") == why
+    # what best-of-N and the actor load: a critic that prefers no action
+    score = critic.scorer(str(tmp_path / "out/model"))
+    assert score([(r["prompt"], r["action"]) for r in rows]) == [0.5] * 10

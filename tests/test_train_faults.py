@@ -14,12 +14,13 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from transformers import TrainerControl, TrainerState
 
 from conftest import CODE, ROOT, TINY, built, digest, tiny_params
 from storage.parquet import read_table, write_table
 from tasks.params import Params
 from tasks.train import run_train
-from tasks.train.sft import TrainingDiverged
+from tasks.train.sft import LossGuard, TrainingDiverged
 
 WORDS = ["Dog", "Cat", "Apple", "Chair", "River", "Violin", "Lemon", "Train"]
 
@@ -80,6 +81,7 @@ def test_nan_weights_are_quarantined_before_training(tiny_model_dir, tmp_path):
 
 
 def test_a_diverging_loss_stops_past_max_loss_ratio(tiny_model_dir, tmp_path, faults):
+    # A learning rate of 10 takes the loss from about 6 to thousands at the second step, and it stays there.
     table = training_table(tmp_path / "train.parquet", 8)
     raw = train_params(tiny_model_dir, {"sft": {"algorithm": "sft"}}, learning_rate=10.0, epochs=3)
     with pytest.raises(TrainingDiverged) as err:
@@ -89,16 +91,46 @@ def test_a_diverging_loss_stops_past_max_loss_ratio(tiny_model_dir, tmp_path, fa
     assert e.method == "sft"
     first = re.search(r"first logged loss \(([\d.]+) at step 1\)", str(e))
     assert first and abs(e.loss) > 10 * float(first.group(1))
-    assert f"the loss diverged to {e.loss:.4g} at step {e.step}, more than max_loss_ratio = 10 times" in str(e)
+    assert f"the median of the last 5 logged losses diverged to {e.loss:.4g} at step {e.step}, more than max_loss_ratio = 10 times" in str(e)
     assert not (tmp_path / "out/models/sft").exists()
     raw["train"]["max_loss_ratio"] = None  # the rule, not a NaN, stopped it: without the rule the run ends
     run_train(Params.model_validate(raw), table, tmp_path / "out")
     assert (tmp_path / "out/models/sft/model.safetensors").exists()
 
 
+def guarded(losses: list[float], max_loss_ratio: float | None = 10.0) -> int | None:
+    """The step at which LossGuard stops a run that logs `losses` one a step (None: it runs to
+    the end), fed as the HF Trainer feeds it: the log is in the state's history first."""
+    guard, state = LossGuard(max_loss_ratio), TrainerState()
+    for step, loss in enumerate(losses, 1):
+        state.global_step = step
+        state.log_history.append({"loss": loss, "step": step})
+        try:
+            guard.on_log(None, state, TrainerControl(), logs={"loss": loss})
+        except TrainingDiverged as e:
+            return e.step
+    return None
+
+
+def test_one_noisy_batch_does_not_stop_training():
+    # The critic on four pairs that stopped at its second step: 0.198, then 2.63.
+    assert guarded([0.198, 2.63]) is None
+    assert guarded([0.198, 2.63, 0.21, 0.19, 0.2, 0.18, 0.17, 3.1, 0.16, 0.15, 0.15]) is None
+    assert guarded([0.5, 0.45, 0.4, 9.0, 8.0, 0.35, 0.3, 0.3]) is None  # two noisy batches in a window of five
+
+
+def test_a_loss_that_keeps_rising_or_turns_nan_stops_training():
+    assert guarded([1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0]) == 10  # the median of steps 6-10 (13) tops 10
+    assert guarded([6.0, 1660.0, 2267.0, 2164.0, 3467.0, 2403.0]) == 5  # a jump that stays, once five losses are logged
+    assert guarded([-60.0, -80.0, -200.0, -651.0, -700.0, -900.0]) == 6  # Swift's, falling without bound
+    assert guarded([1.0, float("nan")]) == 2  # NaN/inf at once, before any window
+    assert guarded([1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0, 34.0], max_loss_ratio=None) is None
+
+
 def test_a_finished_method_is_reused_only_while_its_inputs_are_unchanged(tiny_model_dir, tmp_path, capsys):
     table = training_table(tmp_path / "train.parquet", 8)
-    raw = train_params(tiny_model_dir, {"sft": {"algorithm": "sft"}, "hot": {"algorithm": "sft", "learning_rate": 10.0}})
+    # 3 epochs: six logged losses, past the guard's window of five, so hot's diverged loss stops it
+    raw = train_params(tiny_model_dir, {"sft": {"algorithm": "sft"}, "hot": {"algorithm": "sft", "learning_rate": 10.0}}, epochs=3)
     ckpt = tmp_path / "ckpt"
     with pytest.raises(TrainingDiverged):  # sft finishes, then hot fails
         run_train(Params.model_validate(raw), table, tmp_path / "first", ckpt)

@@ -11,13 +11,12 @@ on (the training table, the base model's files, the method's config, the seed), 
 resumes where the method stopped or reuses its finished model, and never a stale checkpoint.
 The directory is removed once the stage has succeeded.
 
-With train.nproc_per_node > 1 the stage runs on that many ranks under torchrun (launch.py):
+With train.nproc_per_node > 1 the stage runs on that many ranks under torchrun (distributed.py):
 every rank trains, DeepSpeed shards the model across them, rank 0 alone writes. Resuming is
 single-process only: a multi-rank run trains every method from the start.
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -30,7 +29,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, set_seed
 
 from storage.validate import StageInputs
-from tasks.train.launch import launch, rank, world_size
+from tasks.train import distributed  # not its `launch`, which would shadow the module tasks.train.launch
+from tasks.train.distributed import deepspeed_config, partition, rank, save, world_size
 from tasks.train.sft import TrainingDiverged, latest_checkpoint
 
 
@@ -111,44 +111,6 @@ def _write_loss(out_dir: Path, name: str, points: list[dict]) -> None:
     (out_dir / "loss" / f"{name}.json").write_text(json.dumps(points, indent=1) + "\n")
 
 
-def _zero3_params(model) -> list:
-    """The parameters DeepSpeed ZeRO-3 partitioned (each rank holds a slice of each)."""
-    return [p for p in model.parameters() if hasattr(p, "ds_id")]
-
-
-def _partition(model) -> dict | None:
-    """How many of the model's parameter elements each rank holds, gathered from every rank."""
-    zero3 = _zero3_params(model)
-    if not zero3 or not torch.distributed.is_initialized():
-        return None
-    held = sum(p.ds_tensor.numel() for p in zero3) + sum(p.numel() for p in model.parameters() if not hasattr(p, "ds_id"))
-    per_rank: list = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(per_rank, held)
-    return {"elements": sum(p.ds_numel for p in zero3) + sum(p.numel() for p in model.parameters() if not hasattr(p, "ds_id")), "held_by_rank": per_rank}
-
-
-def _save(model, tokenizer, folder: Path, main: bool) -> None:
-    """Rank 0 writes the whole model: ZeRO-3's slices are gathered first, on every rank (a collective)."""
-    zero3 = _zero3_params(model)
-    if zero3:
-        import deepspeed
-
-        gathered = deepspeed.zero.GatheredParameters(zero3, modifier_rank=None)
-    with gathered if zero3 else contextlib.nullcontext():
-        if main:
-            model.save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
-
-
-def _deepspeed_config(path: str | None) -> str | None:
-    """A relative ZeRO config path is read from the working directory, else from this project's
-    root, where params.yaml's default (tasks/train/deepspeed_zero3.json) lives."""
-    if path is None or Path(path).is_absolute() or Path(path).exists():
-        return path
-    shipped = Path(__file__).resolve().parents[2] / path
-    return str(shipped) if shipped.exists() else path
-
-
 def leap_rows(params, checked: StageInputs, relabels: Path | None, trajectories: Path | None) -> list[dict]:
     """LEAP's examples, once for every leap method: relabel's counterfactuals at their parents'
     states (tasks/train/leap.py). A relabel whose parent is not in `trajectories` is quarantined."""
@@ -166,7 +128,7 @@ def run_train(
     """Writes out_dir/models/<method>/ (HF model directories), out_dir/loss/<method>.json and
     out_dir/metrics.json. With checkpoint_dir, resumes a killed run (see the module's docstring).
     Raises TrainingDiverged, naming the method, when a loss turns NaN/inf or diverges.
-    With train.nproc_per_node > 1, relaunches itself on that many ranks (launch.py). A leap
+    With train.nproc_per_node > 1, relaunches itself on that many ranks (distributed.py). A leap
     method also reads `relabels` and the `trajectories` they were proposed on."""
     t0 = time.time()
     tp = params.train
@@ -176,7 +138,7 @@ def run_train(
                          "were proposed on (the stage reads data/relabel/relabels.parquet and data/collect/trajectories.parquet)")
     hindsight_inputs = {"relabels": relabels, "trajectories": [trajectories]} if leap else {}
     if tp.nproc_per_node > 1 and not torch.distributed.is_torchelastic_launched():
-        return launch(params, training, out_dir, checkpoint_dir, tp.nproc_per_node, inputs=hindsight_inputs)
+        return distributed.launch(params, training, out_dir, checkpoint_dir, tp.nproc_per_node, inputs=hindsight_inputs)
     main, ranks = rank() == 0, world_size()
     if ranks > 1 and checkpoint_dir is not None:
         if main:
@@ -196,7 +158,7 @@ def run_train(
     for name, method in tp.methods.items():
         t_method = time.time()
         cfg = tp.config_for(method)
-        cfg = cfg.model_copy(update={"deepspeed": _deepspeed_config(cfg.deepspeed)})
+        cfg = cfg.model_copy(update={"deepspeed": deepspeed_config(cfg.deepspeed)})
         store = None
         if checkpoint_dir is not None:
             store = _method_store(checkpoint_dir, name, inputs, method, cfg, params.seed)
@@ -231,9 +193,9 @@ def run_train(
         if result["rows"] == 0 and main:
             # Saved untrained, so evaluate still compares it; the metrics say why.
             print(f"train {name}: no trajectory carries a training signal; the base model is kept", flush=True)
-        if (partition := _partition(model)) is not None:
-            result["partition"] = partition
-        _save(model, tokenizer, out_dir / "models" / name, main)
+        if (held := partition(model)) is not None:
+            result["partition"] = held
+        save(model, tokenizer, out_dir / "models" / name, main)
         if not main:
             continue
         points = [{"step": e["step"], "loss": e["loss"]} for e in curve]

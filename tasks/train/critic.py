@@ -17,12 +17,22 @@ features carry and the critic scored every pair alike (README, "Does hindsight h
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DynamicCache, Trainer
 
 from tasks.train.sft import train_sft
+
+
+UNTRAINED = "UNTRAINED.txt"  # in a critic's model folder: why the critic stage left it untrained
+
+
+def untrained(path: str | Path) -> str | None:
+    """Why the critic at `path` was not trained (its zero head scores every pair 0.5), or None."""
+    marker = Path(path) / UNTRAINED
+    return marker.read_text().strip() if marker.exists() else None
 
 
 def load_critic(path: str, base: bool = False):

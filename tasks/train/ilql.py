@@ -51,7 +51,7 @@ from transformers import Trainer, TrainerCallback
 
 from models.ilql import IlqlForCausalLM
 from storage.schema import from_table
-from tasks.train.launch import world_size
+from tasks.train.distributed import world_size
 from tasks.train.sft import IGNORE, PadCollator, tokenize_chats, train_sft
 
 
