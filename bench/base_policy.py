@@ -1,9 +1,10 @@
 """How good is a TwentyQuestions base policy, and where does it fail on held-out games?
 
-    python bench/base_policy.py --out bench/out/base [--set bootstrap.demos_per_task=6 ...]
+    python bench/base_policy.py --out bench/out/base_policy/NAME [--set bootstrap.demos_per_task=6 ...]
 
 Trains the bootstrap stage's policy with params.yaml and the overrides (skipped when OUT/model
-exists: --retrain redoes it), then plays one episode per task: greedy on every split, at T = 1.0 on
+exists: --retrain redoes it; with params.yaml's own keys bootstrap.checkpoint auto takes the shipped
+base instead, and --set bootstrap.checkpoint=null trains it again), then plays one episode per task: greedy on every split, at T = 1.0 on
 train (HOPE's bar for pi_0: half of train games) and at T = 0.7 on val and test. Of the held-out
 games played greedy, it counts those where the policy asked exactly the scripted expert's
 questions up to the expert's guess, and which split the object it then named comes from: a policy

@@ -23,7 +23,7 @@ varied without paying for the base policy and the logged data again; --reuse nam
 to take from DIR (with `--reuse ... train --set "evaluate.splits=[train]"`, the same trained
 policies play the train tasks their data came from). --base DIR gives every seed the same base
 policy (a bootstrap stage's output, trained there first with seed 0's params when DIR has none
-and a seed is to run),
+and a seed is to run; --base alone: bench/out/base/<preset's name>),
 so seeds vary the logged data, hindsight, training and evaluation episodes around one base.
 --no-actor-critic leaves HOPE's buffer, critic and actor out (HR's miniature,
 bench/presets/hr_persuasion.yaml, compares training arms only). With roles.forward.backend
@@ -64,6 +64,7 @@ def override(raw: dict, assignment: str) -> None:
 
 
 UPSTREAM = ["bootstrap", "collect", "summarize"]
+DEFAULT_BASE = Path("<default>")  # --base with no DIR: bench/out/base/<preset's name>
 ACTOR_CRITIC = ("buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_prm")
 
 
@@ -181,8 +182,11 @@ def paired(a: dict, b: dict) -> dict:
 
 
 def _same(a: dict | None, b: dict | None) -> bool:
-    """Two params read as the stages read them: a knob added since, at its default, is no change."""
-    return (a is None) == (b is None) and (a is None or Params.model_validate(a).model_dump() == Params.model_validate(b).model_dump())
+    """Two params read as the stages read them: a knob added since, at its default, is no change,
+    and neither is `runtime` (threads, how they wait), which no result depends on."""
+    def read(raw: dict) -> dict:
+        return Params.model_validate(raw).model_dump(exclude={"runtime"})
+    return (a is None) == (b is None) and (a is None or read(a) == read(b))
 
 
 def save_seed(results_dir: Path, seed: int, raw: dict, base: dict | None, metrics: dict, episodes: dict) -> None:
@@ -210,6 +214,10 @@ def load_seed(results_dir: Path, seed: int, raw: dict, base: dict | None) -> tup
     return saved["metrics"], episodes
 
 
+# Student-t 0.975 quantiles by degrees of freedom (seeds - 1): 3 seeds give mean ± 4.30 SE.
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+
+
 def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict) -> dict:
     seeds = list(results)
     first = results[seeds[0]]
@@ -233,12 +241,26 @@ def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict) 
         b = {(s, *k): v for s in seeds for k, v in episodes[s][base].items()}
         return {split: paired({k: v for k, v in a.items() if split == "heldout" or k[1] == split}, b) for split in splits}
 
+    def seed_by_seed(name: str, base: str) -> dict:
+        """Held-out success difference per seed, and a Student-t 95% interval over the seeds:
+        training runs vary more between seeds than episodes within one (DESIGN.md)."""
+        per_seed = [paired(episodes[s][name], episodes[s][base]) for s in seeds]
+        t = T975.get(len(seeds) - 1)
+        out = {}
+        for what in ("success", "return"):
+            diffs = [p[what]["diff"] for p in per_seed]
+            m, se = mean_se(diffs)
+            out[what] = {"by_seed": diffs, "diff": round(m, 4), "se": round(se, 4),
+                         "ci95": [round(m - t * se, 4), round(m + t * se, 4)] if t else None}
+        return out
+
     for name, base in against.items():
         if base is None or base not in first["policies"]:
             continue
-        table["paired"][name] = {"against": base, **over_seeds(name, base)}
+        table["paired"][name] = {"against": base, **over_seeds(name, base), "seeds": seed_by_seed(name, base)}
     # and every policy against the base it started from: does anything beat it?
-    table["versus_base"] = {name: over_seeds(name, "bootstrap") for name in first["policies"] if name != "bootstrap"}
+    table["versus_base"] = {name: {**over_seeds(name, "bootstrap"), "seeds": seed_by_seed(name, "bootstrap")}
+                            for name in first["policies"] if name != "bootstrap"}
     return table
 
 
@@ -259,12 +281,21 @@ def show(table: dict, sets: list[str], preset: Path | None) -> None:
                 f"{s} success {p[s]['success']['diff']:+.3f} [{p[s]['success']['ci95'][0]:+.3f}, {p[s]['success']['ci95'][1]:+.3f}], "
                 f"return {p[s]['return']['diff']:+.2f} [{p[s]['return']['ci95'][0]:+.2f}, {p[s]['return']['ci95'][1]:+.2f}]"
                 for s in splits)
-            print(f"  {name} - {p['against']} (n = {p['heldout']['episodes']}): {cells}")
+            print(f"  {name} - {p['against']} (n = {p['heldout']['episodes']}): {cells}; {_by_seed(p['seeds'])}")
     print("\nEach policy minus the base, paired over the same held-out episodes (95% interval):")
     for name, p in table["versus_base"].items():
         h = p["heldout"]
         print(f"  {name} - bootstrap (n = {h['episodes']}): success {h['success']['diff']:+.3f} [{h['success']['ci95'][0]:+.3f}, "
-              f"{h['success']['ci95'][1]:+.3f}], return {h['return']['diff']:+.2f} [{h['return']['ci95'][0]:+.2f}, {h['return']['ci95'][1]:+.2f}]")
+              f"{h['success']['ci95'][1]:+.3f}], return {h['return']['diff']:+.2f} [{h['return']['ci95'][0]:+.2f}, {h['return']['ci95'][1]:+.2f}]; "
+              f"{_by_seed(p['seeds'])}")
+
+
+def _by_seed(seeds: dict) -> str:
+    """Held-out success and return differences seed by seed, with the Student-t interval over seeds."""
+    def one(s: dict, f: str) -> str:
+        interval = f" [{s['ci95'][0]:+{f}}, {s['ci95'][1]:+{f}}]" if s["ci95"] else ""
+        return f"{', '.join(f'{d:+{f}}' for d in s['by_seed'])}: {s['diff']:+{f}} ± {s['se']:{f}}{interval}"
+    return f"by seed, success {one(seeds['success'], '.3f')}, return {one(seeds['return'], '.3f')} (t interval over seeds)"
 
 
 def write_results(table: dict, out: Path) -> None:
@@ -298,9 +329,13 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="rerun seeds whose results are on disk (under --out or --results)")
     ap.add_argument("--upstream", type=Path, help="reuse bootstrap/collect/summarize from DIR/seedN")
     ap.add_argument("--reuse", nargs="+", choices=STAGES[:-1], default=UPSTREAM, help="the stages --upstream provides")
-    ap.add_argument("--base", type=Path, help="one bootstrap output (DIR/model, ...) every seed starts from, instead of its own; trained there with seed 0's params when missing")
+    ap.add_argument("--base", type=Path, nargs="?", const=DEFAULT_BASE,
+                    help="one bootstrap output (DIR/model, ...) every seed starts from, instead of its own; trained there with seed 0's "
+                         "params when missing (default DIR: bench/out/base/<preset's name>)")
     ap.add_argument("--no-actor-critic", action="store_true", help="leave out HOPE's buffer, critic and actor, with and without hindsight (HR's miniature)")
     args = ap.parse_args()
+    if args.base == DEFAULT_BASE:
+        args.base = ROOT / "bench/out/base" / (args.preset.stem if args.preset else "params")
 
     def seed_params(seed: int) -> dict:
         """params.yaml, the preset, the overrides and the seed: a seed's params before its paths."""
@@ -361,7 +396,8 @@ def main() -> None:
     if args.results:
         write_results(table, args.results)
         print(f"\nwrote {args.results}/table.json, success.json, success.svg")
-    print(f"\n({time.time() - t_all:.0f}s; per-seed outputs under {args.out})")
+    out = args.out.absolute().relative_to(Path.cwd()) if args.out.absolute().is_relative_to(Path.cwd()) else args.out
+    print(f"\n({time.time() - t_all:.0f}s; per-seed outputs under {out})")
 
 
 if __name__ == "__main__":

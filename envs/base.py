@@ -271,10 +271,10 @@ class Environment(ABC):
         every prompt a policy will read), so held-out tasks encode as compactly as trained ones."""
         return []
 
-    def fact_sheets(self, per_task: int, seed: int) -> list[list[Message]]:
-        """What a pretrained LLM would know about the tasks, as chats outside any game."""
-        if per_task:
-            raise _missing(self, "fact sheets (bootstrap.facts_per_object)")
+    def fact_sheets(self, seed: int) -> list[list[Message]]:
+        """What a pretrained LLM would know about the tasks, as chats outside any game: bootstrap
+        trains on them beside the demonstrations. How many is the environment's own option
+        (env.facts_per_object where it has one); none by default."""
         return []
 
     # ---- oracle roles: they see the hidden state ----

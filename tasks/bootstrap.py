@@ -5,10 +5,15 @@ small Llama are trained by SFT (loss on agent turns only) on their demonstration
 environment's fact sheets about every task of every split, which stand in for what a pretrained
 LLM knows: val and test games stay unseen, their objects do not. The trained policy then plays
 beside the scripted ones so its success rate can be read next to theirs.
+
+A base trained this way can be shipped in the repository (models/base/<env>, packed by
+bench/base_checkpoint.py with its provenance): with `bootstrap.checkpoint: auto` the stage starts
+from it when it was trained with the run's env and bootstrap keys, instead of an hour of SFT.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -18,6 +23,7 @@ from transformers import TrainerCallback, set_seed
 
 from envs.base import Mixture
 from models.base import SamplingParams
+from models.checkpoint import PROVENANCE, verify
 from models.hf import HFGenerator
 from models.tiny import copy_drills, make_model, train_tokenizer
 from storage.parquet import write_table
@@ -120,15 +126,99 @@ def _success(stats: dict) -> dict:
     return {split: s["success_rate"] for split, s in stats.items()}
 
 
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "models" / "base"  # models/base/<env.name>: the environment's shipped base
+# What a base's weights do not depend on: where it is used and how its first look is taken.
+NOT_TRAINING = {"checkpoint", "limit_tasks", "eval_splits", "eval_sampling", "eval_batch_size", "curve_every"}
+
+
+def training_keys(params: Params) -> dict:
+    """The keys a base's weights depend on: the environment's options (defaults filled in) and
+    bootstrap's training keys. A shipped base records them; a run starts from it only if its own
+    are the same. The seed is recorded but not compared: like the bench's --base, one base serves
+    every seed of a comparison."""
+    env = params.env.environment()
+    return {"env": {"name": env.name, **env.options.model_dump(mode="json")},
+            "bootstrap": params.bootstrap.model_dump(mode="json", exclude=NOT_TRAINING)}
+
+
+def _differences(recorded, current, at: str = "") -> list[str]:
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        return [d for k in sorted(set(recorded) | set(current)) for d in _differences(recorded.get(k), current.get(k), f"{at}.{k}" if at else k)]
+    return [] if recorded == current else [f"{at}: {current!r} here, {recorded!r} in the checkpoint"]
+
+
+def shipped_base(params: Params) -> tuple[Path | None, dict | None, str]:
+    """(checkpoint dir, its provenance, why) for bootstrap.checkpoint: auto takes the environment's
+    shipped base when its training keys are the run's, else trains; a path must match or it is an
+    error; null trains. A checkpoint whose files fail their checksums is always an error."""
+    chosen = params.bootstrap.checkpoint
+    if chosen is None:
+        return None, None, "bootstrap.checkpoint is null: training a base"
+    path = SHIPPED / params.env.name if chosen == "auto" else Path(chosen)
+    shown = _shown(path)
+    if chosen == "auto" and not (path / PROVENANCE).exists():
+        return None, None, f"no shipped base for {params.env.name} ({shown}): training a base"
+    provenance = verify(path)
+    differ = _differences(training_keys(_with_recorded(params, provenance)), training_keys(params))
+    if differ and chosen == "auto":
+        return None, None, f"the shipped base {shown} was trained with other keys ({'; '.join(differ[:3])}): training a base"
+    if differ:
+        raise ValueError(f"bootstrap.checkpoint {chosen} was trained with other keys: {'; '.join(differ)}. "
+                         "Set them as it records (its provenance.json), or bootstrap.checkpoint: null to train a base")
+    return path, provenance, f"starting from the shipped base {shown} (trained by `{provenance['command']}`)"
+
+
+def _shown(path: Path) -> Path:
+    """A path as a user reads it: relative to the workspace where it is inside it."""
+    path = path.absolute()
+    return path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+
+
+def _with_recorded(params: Params, provenance: dict) -> Params:
+    """The run's params with the checkpoint's recorded training keys laid in, validated as the
+    stage reads them: a knob added since, at its default, is no difference."""
+    recorded = provenance["params"]["training"]
+    raw = params.model_dump(mode="json")
+    raw["env"] = recorded["env"]
+    raw["bootstrap"] = {**raw["bootstrap"], **recorded["bootstrap"]}
+    return Params.model_validate(raw)
+
+
+def load_base(params: Params, source: Path, provenance: dict, out_dir: Path) -> dict:
+    """bootstrap from a shipped base: its model and training curve, the demonstrations it was
+    taught on (written as training writes them), and the first look recorded when it was trained."""
+    t0 = time.time()
+    # every demonstration the base was taught on, whatever limit_tasks a quick look plays
+    demos = demonstrations(params.model_copy(update={"bootstrap": params.bootstrap.model_copy(update={"limit_tasks": None})}))
+    write_table(to_table(sorted((e.to_row() for e in demos), key=lambda r: r["trajectory_id"]), "trajectories"),
+                out_dir / "demos.parquet", "trajectories")
+    if (out_dir / "model").exists():
+        shutil.rmtree(out_dir / "model")
+    shutil.copytree(source / "model", out_dir / "model")
+    shutil.copy2(source / "loss.json", out_dir / "loss.json")
+    shown = _shown(source)
+    metrics = {**provenance["metrics"], "checkpoint": {
+        "path": str(shown), "command": provenance["command"], "seed": provenance["params"]["seed"],
+        "sha256": provenance["files"]["model/model.safetensors"], "loaded_seconds": round(time.time() - t0, 1)}}
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    return metrics
+
+
 def run_bootstrap(params: Params, out_dir: Path) -> dict:
-    """Writes out_dir/model (HF model directory), demos.parquet and metrics.json."""
+    """Writes out_dir/model (HF model directory), demos.parquet and metrics.json: from the shipped
+    base when bootstrap.checkpoint picks one, else trained here."""
+    source, provenance, why = shipped_base(params)
+    print(f"bootstrap: {why}", flush=True)
+    if source is not None:
+        return load_base(params, source, provenance, out_dir)
     t0 = time.time()
     set_seed(params.seed)
     torch.use_deterministic_algorithms(True)
     b, env = params.bootstrap, params.env.environment()
 
     demos = demonstrations(params)
-    facts = env.fact_sheets(b.facts_per_object, derive_seed(params.seed, "facts"))
+    facts = env.fact_sheets(derive_seed(params.seed, "facts"))
     demo_seconds = time.time() - t0
     rows = [e.to_row() for e in demos]
     write_table(to_table(sorted(rows, key=lambda r: r["trajectory_id"]), "trajectories"), out_dir / "demos.parquet", "trajectories")

@@ -195,9 +195,12 @@ class SamplingParams(Strict):
 
 
 class BootstrapParams(Strict):
+    # auto: the environment's shipped base (models/base/<env.name>) when it was trained with these
+    # env and bootstrap keys, else train one; a path: that checkpoint (an error if its keys differ);
+    # null: train one. tasks/bootstrap.py: shipped_base.
+    checkpoint: str | None = "auto"
     demo_splits: list[Split] = Field(min_length=1)
     demos_per_task: int = Field(ge=1)
-    facts_per_object: int = Field(0, ge=0)  # the environment's fact sheets: riddles per task of every split
     # per-episode weights of the environment's scripted policies, by the names it offers
     # (env.policies: expert, noisy, random; persuasion's pushy too), checked when bootstrap runs
     behaviour_mix: dict[str, float] = Field(min_length=1)

@@ -22,10 +22,9 @@ BIN = Path(sys.executable).parent
 
 # Enough to exercise every code path in seconds: 3 tasks per split, a one-layer model.
 TINY = {
-    "env": {"max_turns": 8},  # short games: every stage's rollouts stay cheap
+    "env": {"max_turns": 8, "facts_per_object": 1},  # short games: every stage's rollouts stay cheap
     "bootstrap": {
         "demos_per_task": 2,
-        "facts_per_object": 1,
         "limit_tasks": 3,
         "eval_splits": ["train"],
         "eval_sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 48},  # >= its longest scripted action
@@ -67,7 +66,14 @@ def tiny_params(overrides: dict | None = None) -> dict:
     raw = yaml.safe_load((ROOT / "params.yaml").read_text())
     # Each caller gets its own empty response cache: a test never reads another's responses.
     raw["cache"] = {"path": str(Path(tempfile.mkdtemp(prefix="retrosight-cache-")) / "responses.sqlite")}
-    return deep_update(deep_update(raw, TINY), overrides or {})
+    raw = deep_update(deep_update(raw, TINY), overrides or {})
+    name = raw["env"]["name"]
+    if name != "twenty_questions":  # as -S env.name=... does, the other environment's keys go
+        from envs import registry
+
+        known = registry.get(name).Options.model_fields
+        raw["env"] = {"name": name, **{k: v for k, v in TINY["env"].items() if k in known}, **(overrides or {}).get("env", {})}
+    return raw
 
 
 # -- built once, kept on disk -------------------------------------------------------------------
@@ -345,3 +351,23 @@ def twenty_questions(max_turns: int = 20, **options):
     from envs import registry
 
     return registry.make("twenty_questions", {"max_turns": max_turns, **options})
+
+
+def fresh_clone(dest: Path) -> Path:
+    """What a fresh clone of this working tree holds: its tracked files and its new ones that git
+    does not ignore (the uncommitted edits too), committed in a new git repository at dest. The
+    tree is already a DVC project (.dvc/config is tracked); `dvc init` as make_project runs it
+    only when .dvc is missing. Its dvc.lock names outputs no cache holds, so every stage runs."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            cwd=ROOT, capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        src = ROOT / name
+        if src.is_file() or src.is_symlink():  # a file deleted in the tree but not yet in git's index is gone
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name, follow_symlinks=False)
+    run(["git", "init", "-q"], dest)
+    if not (dest / ".dvc").exists():
+        run([str(BIN / "dvc"), "init", "-q"], dest)
+    run(["git", "add", "-A"], dest)
+    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "a fresh clone"], dest)
+    return dest

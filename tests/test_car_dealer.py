@@ -736,7 +736,7 @@ def test_bootstrap_and_collect_store_car_dealer_trajectories(tmp_path):
     from tasks.params import Params
 
     tokens = {"max_new_tokens": 100}  # the longest scripted action (97 tokens on this tokenizer) fits
-    raw = tiny_params({"bootstrap": {"facts_per_object": 0, "eval_sampling": tokens, "model": {"max_length": 1024}},  # positions some dialogues outgrow
+    raw = tiny_params({"bootstrap": {"eval_sampling": tokens, "model": {"max_length": 1024}},  # positions some dialogues outgrow
                        "collect": {"splits": ["train"], "m": 1, "limit_tasks": 2}})
     raw["env"] = {"name": "car_dealer"}
     p = Params.model_validate(raw)
@@ -787,7 +787,7 @@ def test_scripted_sales_go_through_the_hindsight_stages_and_the_export_carries_t
     from tasks.summarize import run_summarize
 
     tokens = {"max_new_tokens": 100}
-    raw = tiny_params({"bootstrap": {"facts_per_object": 0, "demos_per_task": 1, "limit_tasks": 2, "eval_sampling": tokens,
+    raw = tiny_params({"bootstrap": {"demos_per_task": 1, "limit_tasks": 2, "eval_sampling": tokens,
                                      "behaviour_mix": {"expert": 0.4, "noisy": 0.3, "random": 0.3}},
                        "regenerate": {"sampling": tokens}})
     raw["env"] = {"name": "car_dealer"}

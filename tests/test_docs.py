@@ -41,7 +41,7 @@ def test_every_relative_link_reaches_a_page_and_heading(page: Path):
 def test_the_readme_lists_every_docs_page():
     readme = (ROOT / "README.md").read_text()
     unlisted = [p.name for p in DOCS[1:] if f"](docs/{p.name})" not in readme]
-    assert not unlisted, f"README.md's 'Where to look next' misses {unlisted}"
+    assert not unlisted, f"README.md's 'Documentation' misses {unlisted}"
 
 
 def test_the_vllm_server_command_is_in_the_docs_with_the_cpu_options():

@@ -31,7 +31,7 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
     # the tiny preset (TwentyQuestions' env keys); bootstrap and collect take the top-level
     # limit_tasks the run sets, evaluate keeps its own (1), which wins
     repo = make_project(tmp_path, overrides={
-        "bootstrap": {"limit_tasks": None, "facts_per_object": 0, "demos_per_task": 1, "eval_sampling": sampling,
+        "bootstrap": {"limit_tasks": None, "demos_per_task": 1, "eval_sampling": sampling,
                       "behaviour_mix": {"expert": 0.4, "noisy": 0.3, "random": 0.3}},
         "collect": {"limit_tasks": None, "m": 1, "sampling": sampling}, "regenerate": {"sampling": sampling},
         "actor": {"sampling": sampling}, "evaluate": {"sampling": sampling}})
@@ -95,7 +95,7 @@ def test_hrs_preset_runs_every_stage_on_persuasion_with_the_learned_forward_mode
     arms (ILQL and filtered BC, logged and with regenerations) train and play."""
     sampling = {"max_new_tokens": 64}
     repo = make_project(tmp_path, overrides={
-        "bootstrap": {"limit_tasks": None, "facts_per_object": 0, "eval_sampling": sampling},
+        "bootstrap": {"limit_tasks": None, "eval_sampling": sampling},
         "collect": {"limit_tasks": None, "sampling": sampling}, "evaluate": {"sampling": sampling}})
     preset = ROOT / "bench/presets/hr_persuasion.yaml"
     # the tiny model's forward models write little the parser reads: what they write is kept or

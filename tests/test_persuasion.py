@@ -373,7 +373,7 @@ def test_scripted_dialogues_go_through_the_hindsight_stages(tmp_path, tiny_model
     from tasks.standardize import run_standardize
     from tasks.summarize import run_summarize
 
-    raw = tiny_params({"bootstrap": {"facts_per_object": 0, "demos_per_task": 1, "limit_tasks": 3,
+    raw = tiny_params({"bootstrap": {"demos_per_task": 1, "limit_tasks": 3,
                                      "behaviour_mix": {"expert": 0.4, "noisy": 0.3, "random": 0.3}},
                        "relabel": {"mode": mode}})
     raw["env"] = {"name": "persuasion", "max_turns": 6}

@@ -33,6 +33,7 @@ TEMPLATES = {
 class GuessMyCityOptions(Options):
     max_turns: int = Field(MAX_TURNS, ge=1, le=100)  # HOPE: 10 questions, the last one a forced guess
     show_candidates: bool = True  # list every city in the prompts, as HOPE does: ~900 tokens of bootstrap's BPE, too many for the tiny model
+    facts_per_object: int = Field(0, ge=0)  # fact sheets: riddles about every city of every split (bootstrap trains on them)
     fact_breadth: int = Field(3, ge=1)  # fact sheets: each statement drawn from this many of the most telling
 
 
@@ -178,8 +179,8 @@ class GuessMyCity(QuestionRoleRequests, ReasonQuestionActions, Environment):
         answers = [a for c in self.candidates for a in self.oracle.answers(c).values()]
         return names + answers + [system_prompt(self.max_turns, [c.id for c in self.candidates])]
 
-    def fact_sheets(self, per_task: int, seed: int) -> list[list[dict]]:
-        return fact_sheets(self.oracle, per_task, seed, self.options.fact_breadth)
+    def fact_sheets(self, seed: int) -> list[list[dict]]:
+        return fact_sheets(self.oracle, self.options.facts_per_object, seed, self.options.fact_breadth)
 
     # ---- oracle roles ----
 

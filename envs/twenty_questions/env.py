@@ -42,6 +42,7 @@ ORACLE_VERSIONS = {"summarizer": summarizer.VERSION, "proposer": proposer.VERSIO
 class TwentyQuestionsOptions(Options):
     max_turns: int = Field(MAX_TURNS, ge=1, le=100)  # HOPE: 20, the last one a forced guess
     show_candidates: bool = False  # list the split's objects in the prompts (HOPE does; costs tokens)
+    facts_per_object: int = Field(0, ge=0)  # fact sheets: riddles about every object of every split (bootstrap trains on them; 8 to a sequence)
     fact_breadth: int = Field(3, ge=1)  # fact sheets: each statement drawn from this many of the most telling
     fact_form: Literal["statements", "guess", "known"] = "statements"  # statements given, written as a guess's reason, or an observation's list then the guess
     fact_order: Literal["telling", "expert", "mixed"] = "telling"  # fact sheets: statements drawn from the fact_breadth most telling, the expert's path to the object, or every other riddle each way
@@ -208,8 +209,8 @@ class TwentyQuestions(QuestionRoleRequests, ReasonQuestionActions, Environment):
         names = [n for e in self.kb.entities for n in (e.name, *e.aliases)]
         return names + [system_prompt(self.max_turns, [x.name for x in self.kb.split(s)]) for s in self.splits]
 
-    def fact_sheets(self, per_task: int, seed: int) -> list[list[dict]]:
-        return fact_sheets(self.kb, per_task, seed, self.options.fact_breadth, form=self.options.fact_form, order=self.options.fact_order)
+    def fact_sheets(self, seed: int) -> list[list[dict]]:
+        return fact_sheets(self.kb, self.options.facts_per_object, seed, self.options.fact_breadth, form=self.options.fact_form, order=self.options.fact_order)
 
     # ---- oracle roles ----
 
