@@ -198,9 +198,10 @@ def load_base(params: Params, source: Path, provenance: dict, out_dir: Path) -> 
     shutil.copytree(source / "model", out_dir / "model")
     shutil.copy2(source / "loss.json", out_dir / "loss.json")
     shown = _shown(source)
-    metrics = {**provenance["metrics"], "checkpoint": {
+    trained = provenance["metrics"]
+    metrics = {**trained, "seconds": round(time.time() - t0, 1), "checkpoint": {
         "path": str(shown), "command": provenance["command"], "seed": provenance["params"]["seed"],
-        "sha256": provenance["files"]["model/model.safetensors"], "loaded_seconds": round(time.time() - t0, 1)}}
+        "sha256": provenance["files"]["model/model.safetensors"], "trained_seconds": trained.get("seconds")}}
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     return metrics
 
