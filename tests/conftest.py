@@ -71,7 +71,7 @@ def tiny_params(overrides: dict | None = None) -> dict:
     if name != "twenty_questions":  # as -S env.name=... does, the other environment's keys go
         from envs import registry
 
-        known = registry.get(name).Options.model_fields
+        known = registry.get(name).Options.model_fields if name in registry.available() else {}  # unknown: Params says so
         raw["env"] = {"name": name, **{k: v for k, v in TINY["env"].items() if k in known}, **(overrides or {}).get("env", {})}
     return raw
 
