@@ -3,12 +3,13 @@ the page shows: a user can check every figure from the episodes in the repositor
 import json
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from conftest import fresh_clone
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs/results").glob("*.md"))
@@ -19,16 +20,6 @@ def read_back_commands() -> list[tuple[Path, str, Path]]:
     """(page, command, results dir) for every bench command a page gives that writes its results
     under docs/results/."""
     return [(page, m[1], ROOT / m[2]) for page in PAGES for m in COMMAND.finditer(page.read_text())]
-
-
-def repository_copy(dest: Path) -> Path:
-    """The repository's files as a clone would have them (tracked and new, not ignored)."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split("\n")
-    for name in filter(None, files):
-        if (ROOT / name).is_file():
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, dest / name)
-    return dest
 
 
 def test_every_page_with_seeds_gives_the_command_that_reads_them_back():
@@ -46,7 +37,7 @@ def test_a_pages_command_reads_its_seeds_back_to_the_committed_table(page, comma
     if missing:  # a seed not yet run would run here (hours): the page must say it is pending
         assert "being rerun" in page.read_text() or "pending" in page.read_text(), f"{page.name}: seeds {missing} missing, and the page does not say so"
         pytest.skip(f"{page.name}: seeds {missing} not committed yet (the page says so)")
-    repo = repository_copy(tmp_path / "repo")
+    repo = fresh_clone(tmp_path / "repo")
     proc = subprocess.run([sys.executable, *argv[1:]], cwd=repo, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert proc.stdout.count("read back from") == len(seeds), proc.stdout[-3000:]
