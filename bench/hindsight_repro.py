@@ -183,9 +183,10 @@ def paired(a: dict, b: dict) -> dict:
 
 def _same(a: dict | None, b: dict | None) -> bool:
     """Two params read as the stages read them: a knob added since, at its default, is no change,
-    and neither is `runtime` (threads, how they wait), which no result depends on."""
+    and neither is `runtime` (threads, how they wait), which no result depends on, nor quick_look
+    (what it sets, when limit_tasks is, is in the stages' keys compared)."""
     def read(raw: dict) -> dict:
-        return Params.model_validate(raw).model_dump(exclude={"runtime"})
+        return Params.model_validate(raw).model_dump(exclude={"runtime", "quick_look"})
     return (a is None) == (b is None) and (a is None or read(a) == read(b))
 
 

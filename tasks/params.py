@@ -1,6 +1,8 @@
 """params.yaml, validated. A misspelt key or a wrong type is an error naming it."""
 from __future__ import annotations
 
+import copy
+
 import difflib
 from pathlib import Path
 from types import UnionType
@@ -489,12 +491,19 @@ def iteration_dir(i: int) -> str:
     return "data" if i == 1 else f"data/iteration{i}"
 
 
+# What quick_look may size: the stages dvc.yaml reruns when limit_tasks or quick_look change.
+QUICK_LOOK_SIZES = ("bootstrap", "collect", "critic", "actor", "evaluate")
+
+
 class Params(Strict):
     seed: int
     # The first N tasks of every split in every stage that plays tasks (bootstrap, collect,
     # evaluate, the val games of the critic's and actor's checkpoint choice): a quick look. A
     # stage's own limit_tasks, where it has one, wins.
     limit_tasks: int | None = Field(None, ge=1)
+    # A quick look's sizes, laid over the stages' keys when limit_tasks is set (as a preset is):
+    # less training and fewer plays, the same stages and the same table.
+    quick_look: dict = {}
     env: EnvParams
     roles: Roles
     cache: CacheParams = CacheParams()
@@ -519,8 +528,20 @@ class Params(Strict):
     @model_validator(mode="before")
     @classmethod
     def _limit_every_stage(cls, data):
+        if isinstance(data, dict) and data.get("quick_look"):
+            quick = data["quick_look"]
+            if not isinstance(quick, dict):
+                raise ValueError(f"quick_look: expected a mapping of params keys, got {type(quick).__name__}")
+            for key in _leaves(quick):  # checked whether or not this run is a quick look
+                if key.split(".")[0] not in QUICK_LOOK_SIZES:
+                    raise ValueError(f"quick_look.{key}: a quick look sizes {', '.join(QUICK_LOOK_SIZES)} (the stages that depend on it in dvc.yaml)")
+                try:
+                    check_key(key)
+                except ParamsError as e:
+                    raise ValueError(f"quick_look: {e}") from None
         if isinstance(data, dict) and data.get("limit_tasks") is not None:
-            data = dict(data)
+            data = copy.deepcopy(data)
+            lay_preset(data, data.get("quick_look") or {})
             for stage in ("bootstrap", "collect", "evaluate"):
                 if isinstance(data.get(stage), dict) and data[stage].get("limit_tasks") is None:
                     data[stage] = {**data[stage], "limit_tasks": data["limit_tasks"]}
@@ -569,6 +590,12 @@ def lay_preset(raw: dict, preset: dict, at: tuple[str, ...] = ()) -> None:
             lay_preset(raw[key], value, (*at, key))
         else:
             raw[key] = value
+
+
+def _leaves(tree: dict, at: str = "") -> list[str]:
+    """The dotted keys of a nested mapping's values (`{"critic": {"epochs": 1}}`: critic.epochs)."""
+    return [k for key, value in tree.items()
+            for k in (_leaves(value, f"{at}{key}.") if isinstance(value, dict) and value else [f"{at}{key}"])]
 
 
 def read_preset(path: str | Path) -> dict:

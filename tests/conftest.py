@@ -324,22 +324,23 @@ def pytest_terminal_summary(terminalreporter):
 
 # The longest system tests (4 to 10 minutes each on 2 cores), handed to the workers first so no
 # worker is left with one of them at the end while the other idles.
-LONGEST = ("test_bench_noop", "test_versions", "test_pipeline_dvc", "test_iterations", "test_bench_repro", "test_env_pipelines")
+LONGEST = ("test_documented_commands", "test_bench_noop", "test_versions", "test_pipeline_dvc", "test_iterations", "test_bench_repro", "test_env_pipelines")
+# Modules of long, self-contained tests (each its own repository): each test its own group.
+SPREAD = ("test_env_pipelines", "test_documented_commands")
 
 
 def pytest_collection_modifyitems(items):
     """Groups for `pytest -n 2 --dist loadgroup` (make test-all's system tier): a module's tests
-    stay on one worker, so its module-scoped servers start once, and the tests on the session's
-    finished workspace share the worker that builds it. The environment DAGs, each long and
-    self-contained, spread over the workers."""
+    stay on one worker, so its module-scoped servers start once. The tests on the session's
+    finished workspace copy it from pytest's cache (the fast tier built it) and, like the
+    environment DAGs and the documented commands, each long and self-contained, spread over the
+    workers."""
     rank = {name: i for i, name in enumerate(LONGEST)}
     items.sort(key=lambda item: rank.get(item.module.__name__, len(LONGEST)))  # stable: the rest keep their order
     for item in items:
         if item.get_closest_marker("xdist_group"):
             continue
-        if "finished_workspace" in getattr(item, "fixturenames", ()):
-            group = "finished_workspace"
-        elif item.module.__name__ == "test_env_pipelines":
+        if "finished_workspace" in getattr(item, "fixturenames", ()) or item.module.__name__ in SPREAD:
             group = item.nodeid
         else:
             group = item.module.__name__

@@ -1,10 +1,9 @@
 """The whole DAG on each environment beside TwentyQuestions, as a user takes a quick look at one
 (docs/environments.md): `retrosight run -S env.name=X -S limit_tasks=2` in a fresh repository
-with the tiny preset, through Prefect and `dvc repro`, and persuasion's documented command as
-written, on the repository's own params. Every stage runs, and what they write is
+with the tiny preset, through Prefect and `dvc repro` (the documented quick looks on the
+repository's own params run in tests/test_documented_commands.py). Every stage runs, and what they write is
 that environment's: its tasks, its scripted policies, its trajectories through evaluate."""
 import json
-import shutil
 
 import pyarrow.parquet as pq
 import pytest
@@ -65,27 +64,6 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
     assert {"bootstrap", "actor", "sft"} <= {r["policy_id"].split(":")[0] for r in played}
     evaluation = json.loads((repo / "data/evaluate/metrics.json").read_text())
     assert {"bootstrap", "actor", "sft"} <= set(evaluation["policies"])
-
-
-def test_the_documented_persuasion_look_runs_as_written(tmp_path):
-    """docs/environments.md's whole pipeline on persuasion, `retrosight run -S env.name=persuasion
-    -S limit_tasks=4`, as written, on the repository's own params.yaml as a fresh clone has it.
-    Its buffer is a handful of pairs (the balance keeps twice its rarer half); the critic trains on
-    them or is skipped with its reason, and the actor and best-of-N play on."""
-    repo = make_project(tmp_path)
-    shutil.copy(ROOT / "params.yaml", repo / "params.yaml")
-    run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "the repository's params"], repo)
-    out = run([str(BIN / "retrosight"), "run", "-S", "env.name=persuasion", "-S", "limit_tasks=4"], repo, timeout=3000).stdout
-    for stage in STAGES:
-        assert f"{stage}: ran" in out, out[-3000:]
-    logged = pq.read_table(repo / "data/collect/trajectories.parquet").to_pylist()
-    assert logged and {r["env"] for r in logged} == {"persuasion"}
-    critic = json.loads((repo / "data/critic/metrics.json").read_text())
-    assert critic["trained"] or f"critic: not trained: {critic['untrained']}" in out
-    played = pq.read_table(repo / "data/evaluate/episodes.parquet").to_pylist()
-    assert played and {r["env"] for r in played} == {"persuasion"}
-    evaluation = json.loads((repo / "data/evaluate/metrics.json").read_text())
-    assert {"bootstrap", "actor"} <= set(evaluation["policies"]) and any("+best_of_" in p for p in evaluation["policies"])
 
 
 def test_hrs_preset_runs_every_stage_on_persuasion_with_the_learned_forward_models_and_ilql(tmp_path):

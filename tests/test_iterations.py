@@ -2,8 +2,8 @@
 flows/iteration.py): their params, their stage names and files as DVC sees them, their tables in
 the catalog and lineage, and iteration 2 run after the finished tiny pipeline, then rerun alone."""
 import json
+import shlex
 import shutil
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -89,12 +89,17 @@ def test_a_stage_that_only_an_override_would_make_is_refused_without_it(project)
         assert (project / "params.yaml").read_text() == params  # the override is undone
 
 
+# docs/pipeline.md's commands, run here as written (tests/test_documented_commands.py finds them here)
+SECOND_ITERATION = "retrosight run -S +iterations.2.policy=data/actor/model"
+RERUN_ALONE = "retrosight run iteration@2 --force --only"
+
+
 def test_iteration_two_runs_after_the_pipeline_and_reruns_alone(finished_workspace, tmp_path):
     project = copy_repo(finished_workspace.repo, tmp_path)
     lock = lambda: yaml.safe_load((project / "dvc.lock").read_text())["stages"]  # noqa: E731
     before = {k: v for k, v in lock().items()}
-    # the stage is named before the override that makes it exists
-    out = run([str(BIN / "retrosight"), "run", "iteration@2", "-S", "+iterations.2.policy=data/actor/model"], project).stdout
+    # docs/pipeline.md's command as written: only the new iteration is stale, so only it runs
+    out = run([str(BIN / "retrosight"), *shlex.split(SECOND_ITERATION)[1:]], project).stdout
     assert "iteration@2: ran" in out and "actor: ran" not in out and "collect: ran" not in out, out
     d = project / "data/iteration2"
     metrics = json.loads((d / "metrics.json").read_text())
@@ -108,7 +113,7 @@ def test_iteration_two_runs_after_the_pipeline_and_reruns_alone(finished_workspa
     # Forced alone, iteration 2 reruns to the same outputs; nothing of iteration 1 runs.
     tables = lambda: {p.relative_to(d): p.read_bytes() for p in sorted(d.rglob("*.parquet"))}  # noqa: E731 (metrics hold timings)
     outs = tables()
-    again = run([str(BIN / "retrosight"), "run", "iteration@2", "--force", "--only"], project).stdout
+    again = run([str(BIN / "retrosight"), *shlex.split(RERUN_ALONE)[1:]], project).stdout
     assert "iteration@2: ran" in again and not [s for s in ("actor", "collect") for o in ("ran", "skipped") if f"{s}: {o}" in again], again
     assert tables() == outs and len(outs) >= 8  # deterministic under the seed
     shown = run([str(BIN / "retrosight"), "inspect"], project).stdout

@@ -142,6 +142,30 @@ def test_top_level_limit_tasks_shrinks_every_stage_and_a_stages_own_wins():
         Params.model_validate({**raw, "limit_tasks": 0})
 
 
+def test_a_quick_look_lays_its_sizes_over_the_stages_and_only_then():
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    raw["quick_look"] = {"critic": {"epochs": 1}, "actor": {"prompts": 16}}
+    plain = Params.model_validate(raw)
+    assert (plain.critic.epochs, plain.actor.prompts) == (raw["critic"]["epochs"], raw["actor"]["prompts"])
+    look = Params.model_validate({**raw, "limit_tasks": 4})
+    assert (look.critic.epochs, look.actor.prompts, look.critic.batch_size) == (1, 16, raw["critic"]["batch_size"])
+    assert raw["quick_look"] == {"critic": {"epochs": 1}, "actor": {"prompts": 16}}  # the raw params untouched
+    # a misspelt key is an error naming it, quick look or not; a stage dvc.yaml does not rerun for it is refused
+    with pytest.raises(ValueError, match=r"quick_look: unknown param 'critic.epoks' \(did you mean critic.epochs\?\)"):
+        Params.model_validate({**raw, "quick_look": {"critic": {"epoks": 1}}})
+    with pytest.raises(ValueError, match="quick_look.train.epochs: a quick look sizes bootstrap, collect, critic, actor, evaluate"):
+        Params.model_validate({**raw, "quick_look": {"train": {"epochs": 1}}})
+
+
+def test_every_stage_a_quick_look_sizes_reruns_when_it_changes():
+    from tasks.params import QUICK_LOOK_SIZES
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name in QUICK_LOOK_SIZES:
+        assert {"limit_tasks", "quick_look"} <= set(stages[name]["params"]), name
+    assert {"limit_tasks", "quick_look"} <= set(stages["iteration"]["do"]["params"])
+
+
 def test_behaviour_mix_takes_any_policy_the_environment_offers_and_names_an_unknown_one(tmp_path):
     from tasks.bootstrap import behaviour
 
