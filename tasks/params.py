@@ -638,6 +638,13 @@ def check_key(key: str) -> None:
     append it."""
     node: object = Params
     parts = key.split(".")
+    if parts[0] == "quick_look" and len(parts) > 1:  # a quick look's size: a stage's key, under quick_look
+        if parts[1] not in QUICK_LOOK_SIZES:
+            raise ParamsError(f"unknown param '{key}' (a quick look sizes {', '.join(QUICK_LOOK_SIZES)})")
+        try:
+            return check_key(".".join(parts[1:]))
+        except ParamsError as e:
+            raise ParamsError(f"{e} (under quick_look)") from None
     for i, part in enumerate(parts):
         here = ".".join(parts[:i])
         names = _keys_under(node)

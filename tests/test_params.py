@@ -1,3 +1,4 @@
+import shutil
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,20 @@ def test_a_quick_look_lays_its_sizes_over_the_stages_and_only_then():
         Params.model_validate({**raw, "quick_look": {"critic": {"epoks": 1}}})
     with pytest.raises(ValueError, match="quick_look.train.epochs: a quick look sizes bootstrap, collect, critic, actor, evaluate"):
         Params.model_validate({**raw, "quick_look": {"train": {"epochs": 1}}})
+
+
+
+def test_a_quick_looks_size_is_overridden_under_quick_look(tmp_path):
+    from flows.pipeline import apply_overrides
+
+    path = tmp_path / "params.yaml"
+    shutil.copy(ROOT / "params.yaml", path)
+    apply_overrides(["limit_tasks=2", "quick_look.critic.epochs=3"], path)
+    assert load_params(path).critic.epochs == 3
+    with pytest.raises(ParamsError, match=r"unknown param 'critic.epoks' \(did you mean critic.epochs\?\) \(under quick_look\)"):
+        apply_overrides(["quick_look.critic.epoks=3"], path)
+    with pytest.raises(ParamsError, match="a quick look sizes bootstrap"):
+        apply_overrides(["quick_look.train.epochs=3"], path)
 
 
 def test_every_stage_a_quick_look_sizes_reruns_when_it_changes():
