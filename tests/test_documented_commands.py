@@ -11,7 +11,8 @@ it for real, through the installed CLI in a subprocess:
 - user_env: the same, for an environment of the user's own package (`-S env.name=my_env`);
 - serve: `retrosight serve --cron ...` against a real Prefect server, until it serves;
 - quick_look: on a fresh copy of the repository with its real params.yaml, timed against
-  QUICK_LOOK_LIMIT (10 minutes on 2 cores);
+  QUICK_LOOK_LIMIT (10 minutes on 2 cores); with RETROSIGHT_QUICK_LOOKS=1 (44 minutes of worker
+  time together, measured on the fresh-clone system tier: over CI's budget until stages start faster);
 - bench: commands the docs show that take longer than a quick look, on a fresh copy, timed; run
   only with RETROSIGHT_BENCH=1 (hours on 2 cores);
 - elsewhere: run as written by another test, named in ELSEWHERE;
@@ -603,6 +604,8 @@ def _quick_looks() -> list:
 
 
 @pytest.mark.system
+@pytest.mark.skipif(os.environ.get("RETROSIGHT_QUICK_LOOKS") != "1",
+                    reason="the quick looks, 44 minutes of worker time together (CI's budget): RETROSIGHT_QUICK_LOOKS=1 runs them")
 @pytest.mark.parametrize("command", _quick_looks(), ids=str)
 def test_a_quick_look_runs_as_written_in_ten_minutes(command, tmp_path, request):
     """A quick look at an environment, or at a preset's, as the docs write it, on a fresh copy of
