@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-
 import difflib
 from pathlib import Path
 from types import UnionType
