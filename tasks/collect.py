@@ -25,10 +25,10 @@ from storage.schema import to_table
 from tasks.params import Params
 from tasks.roles import (
     Outcome,
-    account,
     check_failure_rate,
     generation_stats,
     policy_generator,
+    sum_stats,
 )
 from tasks.rollout import (
     Episode,
@@ -38,7 +38,7 @@ from tasks.rollout import (
     play,
     stats_by_split,
 )
-from tasks.simulator import make_simulator
+from tasks.simulator import make_simulator, merged_simulator_stats
 
 ShardMap = Callable[[Callable[..., "ShardResult"], list[tuple]], list["ShardResult"]]
 
@@ -80,15 +80,6 @@ def collect_shard(params: Params, model_dir: Path, index: int, shards: int) -> S
     )
 
 
-def _sum(stats: list[dict]) -> dict:
-    """Adds up the shards' counters key by key (nested dicts too)."""
-    out: dict = {}
-    for s in stats:
-        for k, v in s.items():
-            out[k] = _sum([out.get(k, {}), v]) if isinstance(v, dict) else round(out.get(k, 0) + v, 2) if isinstance(v, float) else out.get(k, 0) + v
-    return out
-
-
 def _in_order(fn: Callable[..., ShardResult], calls: list[tuple]) -> list[ShardResult]:
     return [fn(*args) for args in calls]
 
@@ -110,13 +101,10 @@ def run_collect(params: Params, model_dir: Path, out_dir: Path, map_shards: Shar
         "trajectories": len(rows),
         "tasks": len({(r["split"], r["task_id"]) for r in rows}),
         **stats_by_split(episodes),
-        **_sum([r.generation for r in results]),  # cache hits; prompt tokens the hf backend reused from the previous turn
+        **sum_stats([r.generation for r in results]),  # cache hits; prompt tokens the hf backend reused from the previous turn
         "seconds": round(time.time() - t0, 1),
     }
-    if results[0].simulator_outcomes is not None:
-        metrics["simulator_calls"] = {
-            **account([o for r in results for o in r.simulator_outcomes]), **_sum([r.simulator_generation for r in results])
-        }
+    metrics.update(merged_simulator_stats(results))
     if shards > 1:
         metrics["shards"] = shards
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")

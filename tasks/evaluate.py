@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from models.base import SamplingParams
+from models.cache import ResponseCache
 from storage.parquet import write_table
 from storage.schema import to_table
+from tasks import runtime
 from tasks.params import Params
-from tasks.roles import generation_stats, policy_generator
-from tasks.simulator import check_simulator, make_simulator, simulator_stats
+from tasks.roles import Outcome, check_failure_rate, generation_stats, policy_generator
+from tasks.simulator import make_simulator, merged_simulator_stats
 from tasks.rollout import BestOfNAgent, Episode, LMAgent, derive_seed, new_episode, play
 from tasks.train import critic
 
@@ -55,44 +60,93 @@ def policies(params: Params, train_dir: Path) -> dict[str, Path]:
     }
 
 
+@dataclass(frozen=True)
+class Play:
+    """One policy's play, picklable for a worker process: its name, weights, and best-of-N's critic
+    (None: the policy samples its action)."""
+
+    name: str
+    model_dir: Path
+    critic: str | None = None
+
+
+@dataclass
+class Played:
+    """What one play hands back: its episodes, its table row, and its simulator's calls."""
+
+    episodes: list[Episode]
+    result: dict
+    simulator_outcomes: list[Outcome] | None
+    simulator_generation: dict
+
+
+def play_policy(params: Params, p: Play, threads: int | None = None) -> Played:
+    """Plays every evaluation episode with one policy: a generator, and a simulator, of its own,
+    so that the plays are alike in this process or in a worker (`threads`: torch's there)."""
+    if threads is not None:
+        runtime.apply(params.runtime.model_copy(update={"threads": threads}))
+    e, env = params.evaluate, params.env.environment()
+    episodes = [
+        new_episode(env, task, derive_seed(params.seed, "evaluate", split, task.id, k))
+        for split in e.splits
+        for task in env.tasks(split)[: e.limit_tasks]
+        for k in range(e.episodes_per_task)
+    ]
+    generator = policy_generator(params, p.model_dir, e.batch_size)
+    if p.critic is None:
+        agent = LMAgent(generator, SamplingParams(**e.sampling.model_dump()))
+    else:
+        agent = BestOfNAgent(generator, SamplingParams(**e.best_of_n.sampling.model_dump()), e.best_of_n.n, critic.scorer(p.critic))
+    simulator = make_simulator(params)
+    play(episodes, agent, derive_seed(params.seed, "evaluate"), f"evaluate {p.name}", simulator)
+    for ep in episodes:
+        # Named for the policy evaluated: two policies on the same weights (an actor left
+        # untrained is its base) play the same games, and their rows must stay apart.
+        ep.policy_id = f"{p.name}:{generator.model_id}"
+    result = {
+        "policy_id": episodes[0].policy_id if episodes else generator.model_id,
+        **{split: summary([ep for ep in episodes if ep.split == split]) for split in e.splits},
+        "heldout": summary(episodes),
+        **generation_stats(generator),
+    }
+    return Played(episodes, result, None if simulator is None else simulator.outcomes,
+                  {} if simulator is None else generation_stats(simulator.gen))
+
+
+def workers_for(params: Params, plays: int) -> int:
+    """Processes to play the policies in: runtime.processes, or one per core when the policy runs
+    on the hf backend (a small model decoding a few games is latency-bound, so two processes of
+    one thread play two policies in about the time two threads play one)."""
+    n = params.runtime.processes
+    if n is None:
+        n = runtime.available_cores() if params.roles.policy.backend == "hf" else 1
+    return max(1, min(n, plays, params.runtime.threads or n))
+
+
 def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
     """Writes out_dir/metrics.json, out_dir/episodes.parquet and out_dir/plots/success_<split>.json."""
     if params.roles.policy.backend == "openai":
         raise ValueError("evaluate plays the trained checkpoints in data/train/models, which an openai endpoint does not serve: "
                          "set roles.policy.backend to hf or vllm for evaluate")
     t0 = time.time()
-    e, env = params.evaluate, params.env.environment()
-    results, rows = {}, []
-    simulator = make_simulator(params)
+    e, bon = params.evaluate, params.evaluate.best_of_n
     models = policies(params, train_dir)
-    sampling = SamplingParams(**e.sampling.model_dump())
-    bon = e.best_of_n
-    plays = [(name, model_dir, lambda gen: LMAgent(gen, sampling)) for name, model_dir in models.items()]
+    plays = [Play(name, model_dir) for name, model_dir in models.items()]
     if bon.policies:
-        best = SamplingParams(**bon.sampling.model_dump())
         for tag, path in {"": bon.critic, **{f"[{k}]": v for k, v in bon.critics.items()}}.items():
-            score = critic.scorer(path)
-            plays += [(f"{name}+best_of_{bon.n}{tag}", models[name], lambda gen, score=score: BestOfNAgent(gen, best, bon.n, score)) for name in bon.policies]
-    for name, model_dir, agent in plays:
-        episodes = [
-            new_episode(env, task, derive_seed(params.seed, "evaluate", split, task.id, k))
-            for split in e.splits
-            for task in env.tasks(split)[: e.limit_tasks]
-            for k in range(e.episodes_per_task)
-        ]
-        generator = policy_generator(params, model_dir, e.batch_size)
-        play(episodes, agent(generator), derive_seed(params.seed, "evaluate"), f"evaluate {name}", simulator)
-        for ep in episodes:
-            # Named for the policy evaluated: two policies on the same weights (an actor left
-            # untrained is its base) play the same games, and their rows must stay apart.
-            ep.policy_id = f"{name}:{generator.model_id}"
-        results[name] = {
-            "policy_id": episodes[0].policy_id if episodes else generator.model_id,
-            **{split: summary([ep for ep in episodes if ep.split == split]) for split in e.splits},
-            "heldout": summary(episodes),
-            **generation_stats(generator),
-        }
-        rows += [ep.to_row() for ep in episodes]
+            plays += [Play(f"{name}+best_of_{bon.n}{tag}", models[name], path) for name in bon.policies]
+    workers = workers_for(params, len(plays))
+    if workers == 1:
+        played = [play_policy(params, p) for p in plays]
+    else:
+        if params.cache.path:
+            ResponseCache(params.cache.path)  # created (schema, WAL mode) once, before the workers open it together
+        threads = runtime.threads_for(params.runtime.threads, workers)
+        print(f"evaluate: {len(plays)} policies in {workers} processes of {threads} thread(s)", flush=True)
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            played = list(pool.map(play_policy, [params] * len(plays), plays, [threads] * len(plays)))
+    results = {p.name: r.result for p, r in zip(plays, played, strict=True)}
+    rows = [ep.to_row() for r in played for ep in r.episodes]
     rows.sort(key=lambda r: (r["policy_id"], r["split"], r["task_id"], r["seed"]))
     write_table(to_table(rows, "trajectories"), out_dir / "episodes.parquet", "trajectories")
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
@@ -105,10 +159,11 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
         "sampling": e.sampling.model_dump(),
         "best_of_n": {**bon.model_dump(), "sampling": bon.sampling.model_dump()} if bon.policies else None,
         "policies": results,
-        **simulator_stats(simulator),
+        **merged_simulator_stats(played),
         "seconds": round(time.time() - t0, 1),
     }
     # Policies stay in params order (bootstrap first), so the table reads as configured.
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-    check_simulator("evaluate", simulator, metrics)
+    if "simulator_calls" in metrics:
+        check_failure_rate("evaluate", "simulator", params.roles.simulator, metrics["simulator_calls"])
     return metrics

@@ -143,6 +143,9 @@ class RuntimeParams(Strict):
     threads: int | None = Field(None, ge=1)  # torch threads per stage process; null: the cores this process may use
     # passive: a thread waiting at an OpenMP join sleeps and frees its core (tasks/runtime.py says why)
     omp_wait_policy: Literal["passive", "active"] = "passive"
+    # Processes evaluate plays its policies in side by side, runtime.threads split among them; null:
+    # one per core with the hf backend (a small model's decoding is latency-bound), else one.
+    processes: int | None = Field(None, ge=1)
 
 
 class NoisyParams(Strict):

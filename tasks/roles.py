@@ -175,6 +175,15 @@ def account(outcomes: list[Outcome], gen: Generator | None = None) -> dict:
     return stats
 
 
+def sum_stats(stats: list[dict]) -> dict:
+    """Adds up counters key by key (nested dicts too): the accounting of work split among processes."""
+    out: dict = {}
+    for s in stats:
+        for k, v in s.items():
+            out[k] = sum_stats([out.get(k, {}), v]) if isinstance(v, dict) else round(out.get(k, 0) + v, 2) if isinstance(v, float) else out.get(k, 0) + v
+    return out
+
+
 TOP_REASONS, REASON_CHARS = 3, 200
 # Where a stage keeps each failed request of a role, with its status and reason: a query to paste.
 FAILED_ROWS = {

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from envs.base import recorded_reply
 from models.base import Generator
 from tasks.params import Params, RoleParams
-from tasks.roles import Outcome, account, call_requests, check_failure_rate, make_generator
+from tasks.roles import Outcome, account, call_requests, check_failure_rate, make_generator, sum_stats
 from tasks.rollout import Episode, derive_seed
 
 
@@ -50,6 +50,16 @@ def make_simulator(params: Params) -> LLMSimulator | None:
 def simulator_stats(simulator: LLMSimulator | None) -> dict:
     """The LLM simulator's call accounting, for a stage's metrics."""
     return {} if simulator is None else {"simulator_calls": account(simulator.outcomes, simulator.gen)}
+
+
+def merged_simulator_stats(parts: list) -> dict:
+    """simulator_stats of work split among processes, each part with its own simulator's
+    `simulator_outcomes` (None: the oracle answered) and `simulator_generation`."""
+    if not parts or parts[0].simulator_outcomes is None:
+        return {}
+    return {"simulator_calls": {
+        **account([o for p in parts for o in p.simulator_outcomes]), **sum_stats([p.simulator_generation for p in parts])
+    }}
 
 
 def check_simulator(stage: str, simulator: LLMSimulator | None, metrics: dict) -> None:

@@ -23,6 +23,7 @@ BIN = Path(sys.executable).parent
 # Enough to exercise every code path in seconds: 3 tasks per split, a one-layer model.
 TINY = {
     "env": {"max_turns": 8, "facts_per_object": 1},  # short games: every stage's rollouts stay cheap
+    "runtime": {"processes": 1},  # a tiny evaluate: starting worker processes would cost more than it saves
     "bootstrap": {
         "demos_per_task": 2,
         "limit_tasks": 3,

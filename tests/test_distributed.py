@@ -209,3 +209,51 @@ def test_scale_settings_are_checked(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     with pytest.raises(ParamsError, match=r"collect\.scale: .*runner: dask only"):
         load_params(tmp_path / "params.yaml")
+
+
+def test_evaluate_plays_its_policies_in_worker_processes_as_in_one(chain, tiny_model_dir, tmp_path):
+    """runtime.processes: each policy (and its best-of-N) in a spawned worker of one thread, its
+    own generator and LLM simulator, gives the table one process gives, simulator calls summed."""
+    import torch
+
+    from tasks.evaluate import run_evaluate, workers_for
+
+    train = tmp_path / "train"
+    for method in tiny_params()["train"]["methods"]:
+        (train / "models").mkdir(parents=True, exist_ok=True)
+        (train / "models" / method).symlink_to(tiny_model_dir)
+
+    def params(processes: int | None, threads: int) -> Params:
+        return Params.model_validate(tiny_params({
+            "runtime": {"processes": processes, "threads": threads},
+            "train": {"base_model": str(tiny_model_dir)},
+            # A simulator the tiny model plays: its answers mostly fail to parse, and are counted.
+            "roles": {"policy": {"model": str(tiny_model_dir)},
+                      "simulator": {"backend": "hf", "model": str(tiny_model_dir), "max_failure_rate": 1.0}},
+            "evaluate": {"actor": str(tiny_model_dir), "best_of_n": {"critic": str(chain / "critic"), "n": 2, "policies": ["bootstrap"]}},
+        }))
+
+    parallel = params(2, 2)
+    assert workers_for(parallel, 4) == 2 and workers_for(params(None, 1), 4) == 1
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' one thread: sampled tokens may differ with the thread count
+    try:
+        one = run_evaluate(params(1, 1), train, tmp_path / "one")
+    finally:
+        torch.set_num_threads(before)
+    two = run_evaluate(parallel, train, tmp_path / "two")
+
+    assert list(two["policies"]) == list(one["policies"]) == ["bootstrap", *parallel.train.methods, "actor", "bootstrap+best_of_2"]
+    assert untimed(two["policies"]) == untimed(one["policies"])  # success, returns, turns, cache and token counts
+    assert (tmp_path / "two/episodes.parquet").read_bytes() == (tmp_path / "one/episodes.parquet").read_bytes()
+    # The simulator's calls, summed over the workers. Policies on the same weights ask it the same
+    # things: in one process the later ones find the answers cached, side by side fewer do.
+    calls = ("requests", "ok", "invalid", "failed", "attempts", "failure_rate", "top_reasons")
+    assert {k: two["simulator_calls"].get(k) for k in calls} == {k: one["simulator_calls"].get(k) for k in calls}
+    assert one["simulator_calls"]["requests"] > 0
+    looked_up = [m["simulator_calls"]["cache"]["hits"] + m["simulator_calls"]["cache"]["misses"] for m in (one, two)]
+    assert looked_up[0] == looked_up[1] >= one["simulator_calls"]["requests"]
+
+
+def untimed(d):
+    return {k: untimed(v) for k, v in d.items() if not k.endswith("seconds")} if isinstance(d, dict) else d
