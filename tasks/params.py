@@ -535,12 +535,10 @@ class Params(Strict):
             if not isinstance(quick, dict):
                 raise ValueError(f"quick_look: expected a mapping of params keys, got {type(quick).__name__}")
             for key in _leaves(quick):  # checked whether or not this run is a quick look
-                if key.split(".")[0] not in QUICK_LOOK_SIZES:
-                    raise ValueError(f"quick_look.{key}: a quick look sizes {', '.join(QUICK_LOOK_SIZES)} (the stages that depend on it in dvc.yaml)")
                 try:
-                    check_key(key)
+                    check_key(f"quick_look.{key}")
                 except ParamsError as e:
-                    raise ValueError(f"quick_look: {e}") from None
+                    raise ValueError(str(e)) from None
         if isinstance(data, dict) and data.get("limit_tasks") is not None:
             data = copy.deepcopy(data)
             lay_preset(data, data.get("quick_look") or {})
@@ -642,7 +640,7 @@ def check_key(key: str) -> None:
     parts = key.split(".")
     if parts[0] == "quick_look" and len(parts) > 1:  # a quick look's size: a stage's key, under quick_look
         if parts[1] not in QUICK_LOOK_SIZES:
-            raise ParamsError(f"unknown param '{key}' (a quick look sizes {', '.join(QUICK_LOOK_SIZES)})")
+            raise ParamsError(f"unknown param '{key}': a quick look sizes {', '.join(QUICK_LOOK_SIZES)} (the stages that depend on it in dvc.yaml)")
         try:
             return check_key(".".join(parts[1:]))
         except ParamsError as e:
