@@ -108,7 +108,7 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         # with checkpoints, a seed stopped mid-train resumes each method where it stopped (the longest stage)
         "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train", d / "train_checkpoints",
                                    relabels=d / "relabel/relabels.parquet", trajectories=trajectories[0]),
-        "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate"),
+        "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate", d / "evaluate_checkpoints"),  # resumes policy by policy
     }
     for stage in STAGES:
         if stage in skip:
@@ -354,6 +354,7 @@ def main() -> None:
         plain = copy.deepcopy(raw)
         d = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
+        override(raw, "evaluate.stepagent=null")  # StepAgent's stages are not among this bench's
         if args.no_actor_critic:
             for s in ("evaluate.actor=null", "evaluate.extra={}", "evaluate.best_of_n.policies=[]"):
                 override(raw, s)

@@ -6,19 +6,28 @@ Standard errors are over episodes. A row's policy_id is "<policy>:<model id>". E
 best_of_n.policies is also played best-of-n (HOPE 2.7): n actions sampled per turn, the critic's
 best one played ("<policy>+best_of_<n>"), and with each of best_of_n.critics
 ("<policy>+best_of_<n>[<critic>]").
+
+With a checkpoint directory, a killed run resumes: each policy's finished play is kept there
+under a key of all it depends on (the params but runtime and cache, the weights played), so
+a rerun plays only the policies not yet played, and never reuses a stale play. The directory is
+removed once the stage has succeeded.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import multiprocessing
+import pickle
+import shutil
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from models.base import SamplingParams
 from models.cache import ResponseCache
+from models.hf import model_fingerprint
 from storage.parquet import write_table
 from storage.schema import to_table
 from tasks import runtime
@@ -123,8 +132,17 @@ def workers_for(params: Params, plays: int) -> int:
     return max(1, min(n, plays, params.runtime.threads or n))
 
 
-def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
-    """Writes out_dir/metrics.json, out_dir/episodes.parquet and out_dir/plots/success_<split>.json."""
+def _play_key(params: Params, p: Play) -> str:
+    """What a play's episodes depend on: every param but runtime and cache (how this machine runs
+    and where answers are kept, not what it plays), the play, and its policy's and critic's weights."""
+    weights = [model_fingerprint(p.model_dir), model_fingerprint(p.critic) if p.critic else None]
+    config = [params.model_dump(mode="json", exclude={"runtime", "cache"}), p.name, str(p.model_dir), p.critic, weights]
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_evaluate(params: Params, train_dir: Path, out_dir: Path, checkpoint_dir: Path | None = None) -> dict:
+    """Writes out_dir/metrics.json, out_dir/episodes.parquet and out_dir/plots/success_<split>.json.
+    With checkpoint_dir, resumes a killed run (see the module's docstring)."""
     if params.roles.policy.backend == "openai":
         raise ValueError("evaluate plays the trained checkpoints in data/train/models, which an openai endpoint does not serve: "
                          "set roles.policy.backend to hf or vllm for evaluate")
@@ -135,16 +153,36 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
     if bon.policies:
         for tag, path in {"": bon.critic, **{f"[{k}]": v for k, v in bon.critics.items()}}.items():
             plays += [Play(f"{name}+best_of_{bon.n}{tag}", models[name], path) for name in bon.policies]
-    workers = workers_for(params, len(plays))
+    keys = [_play_key(params, p) for p in plays]
+    played: list[Played | None] = [None] * len(plays)
+    if checkpoint_dir is not None:
+        for i, (p, key) in enumerate(zip(plays, keys)):
+            if (saved := checkpoint_dir / f"{key}.pkl").exists():
+                played[i] = pickle.loads(saved.read_bytes())
+                print(f"evaluate {p.name}: played before the run was interrupted; its episodes are reused", flush=True)
+
+    def keep(i: int, result: Played) -> None:
+        played[i] = result
+        if checkpoint_dir is not None:  # written whole, then renamed: a kill leaves no half file
+            checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            tmp = checkpoint_dir / f"{keys[i]}.tmp"
+            tmp.write_bytes(pickle.dumps(result))
+            tmp.rename(checkpoint_dir / f"{keys[i]}.pkl")
+
+    todo = [i for i, r in enumerate(played) if r is None]
+    workers = workers_for(params, len(todo))
     if workers == 1:
-        played = [play_policy(params, p) for p in plays]
-    else:
+        for i in todo:
+            keep(i, play_policy(params, plays[i]))
+    elif todo:
         if params.cache.path:
             ResponseCache(params.cache.path)  # created (schema, WAL mode) once, before the workers open it together
         threads = runtime.threads_for(params.runtime.threads, workers)
-        print(f"evaluate: {len(plays)} policies in {workers} processes of {threads} thread(s)", flush=True)
+        print(f"evaluate: {len(todo)} policies in {workers} processes of {threads} thread(s)", flush=True)
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            played = list(pool.map(play_policy, [params] * len(plays), plays, [threads] * len(plays)))
+            running = {pool.submit(play_policy, params, plays[i], threads): i for i in todo}
+            for done in as_completed(running):
+                keep(running[done], done.result())
     results = {p.name: r.result for p, r in zip(plays, played, strict=True)}
     rows = [ep.to_row() for r in played for ep in r.episodes]
     rows.sort(key=lambda r: (r["policy_id"], r["split"], r["task_id"], r["seed"]))
@@ -166,4 +204,6 @@ def run_evaluate(params: Params, train_dir: Path, out_dir: Path) -> dict:
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     if "simulator_calls" in metrics:
         check_failure_rate("evaluate", "simulator", params.roles.simulator, metrics["simulator_calls"])
+    if checkpoint_dir is not None:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
     return metrics

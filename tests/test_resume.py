@@ -179,3 +179,31 @@ def test_a_stage_killed_at_random_points_resumes_to_identical_bytes(stage, input
         assert (out / name).read_bytes() == (ref / name).read_bytes(), f"{stage}: {name} differs after kills at {killed_at} s"
     assert not list(out.rglob("*.tmp")), "a killed writer's temp file was left behind"
     print(f"{stage}: {work:.1f} s of work; killed at (calls committed, s) {killed_at}; the final run made {calls - before} of {calls} calls")
+
+
+def test_evaluate_stopped_between_policies_resumes_with_the_plays_it_kept(tiny_model_dir, tmp_path, capsys):
+    """A play that stops evaluate (here a policy whose weights are not there yet) leaves the plays
+    before it in the checkpoint directory: the rerun plays only the rest, and writes the bytes an
+    uninterrupted run writes."""
+    from tasks.evaluate import run_evaluate
+
+    def params() -> Params:  # each its own response cache: nothing is reused from another run
+        return Params.model_validate(tiny_params({"train": {"base_model": str(tiny_model_dir)}, "roles": {"policy": {"model": str(tiny_model_dir)}},
+                                                  "evaluate": {"actor": None, "best_of_n": {"policies": []}}}))
+
+    methods = list(params().train.methods)
+    (tmp_path / "train/models").mkdir(parents=True)
+    for m in methods[:-1]:
+        (tmp_path / "train/models" / m).symlink_to(tiny_model_dir)
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(OSError):
+        run_evaluate(params(), tmp_path / "train", tmp_path / "stopped", checkpoints)
+    assert len(list(checkpoints.glob("*.pkl"))) == len(methods)  # the base and every method before the missing one
+    capsys.readouterr()
+    (tmp_path / "train/models" / methods[-1]).symlink_to(tiny_model_dir)
+    resumed = run_evaluate(params(), tmp_path / "train", tmp_path / "resumed", checkpoints)
+    reused = [line for line in capsys.readouterr().out.splitlines() if "its episodes are reused" in line]
+    assert len(reused) == len(methods) and not checkpoints.exists()
+    whole = run_evaluate(params(), tmp_path / "train", tmp_path / "whole")
+    assert (tmp_path / "resumed/episodes.parquet").read_bytes() == (tmp_path / "whole/episodes.parquet").read_bytes()
+    assert list(resumed["policies"]) == ["bootstrap", *methods]
