@@ -354,6 +354,7 @@ def main() -> None:
         plain = copy.deepcopy(raw)
         d = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
+        override(raw, "evaluate.stepagent=null")  # StepAgent's stages are not among this bench's
         if args.no_actor_critic:
             for s in ("evaluate.actor=null", "evaluate.extra={}", "evaluate.best_of_n.policies=[]"):
                 override(raw, s)

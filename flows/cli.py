@@ -30,6 +30,9 @@ STAGE_FLOWS = {
     "buffer": "flows.buffer:buffer_flow",
     "critic": "flows.critic:critic_flow",
     "actor": "flows.actor:actor_flow",
+    "expert": "flows.expert:expert_flow",
+    "practice": "flows.practice:practice_flow",
+    "stepagent": "flows.stepagent:stepagent_flow",
     "train": "flows.train:train_flow",
     "evaluate": "flows.evaluate:evaluate_flow",
     "iteration": "flows.iteration:iteration_flow",  # dvc.yaml's foreach: `iteration@K`

@@ -251,6 +251,38 @@ PREFERENCES = TableSchema(
     ),
 )
 
+# StepAgent's inspection and practice (tasks/practice.py, Eq. 4-5): one row per (prefix of an
+# expert trajectory, action the policy sampled there). Equal and failed samples stay, flagged.
+PRACTICE = TableSchema(
+    "practice",
+    1,
+    pa.schema(
+        [
+            _f("pair_id", pa.string()),  # sha256 of (trajectory_id, step, sample)
+            _f("trajectory_id", pa.string()),  # the expert trajectory the prefix is cut from
+            _f("task_id", pa.string()),
+            _f("split", pa.string()),
+            _f("step", pa.int32()),  # 0-based: the expert's action number (Eq. 4's i - 1)
+            _f("sample", pa.int32()),  # 0 .. practice.k - 1
+            _f("prompt", MESSAGES),  # the state s_i: every message before the expert's action
+            _f("expert", MESSAGE),  # the expert's action a_i, as the trajectory records it (chosen)
+            _f("agent", MESSAGE),  # the policy's action as the chat would record it (rejected); "(empty reply)" where generation failed
+            _f("expert_action", pa.string(), nullable=True),  # the environment's parse of each: the move alone
+            _f("agent_action", pa.string(), nullable=True),  # null where the text does not parse
+            _f("equal", pa.bool_()),  # the agent matched the expert (practice.equal): left out of the loss
+            _f("identical", pa.bool_()),  # the same text: a DPO pair with exactly zero gradient
+            _f("status", pa.string()),  # ok | failed (the backend gave up on the sample)
+            _f("reason", pa.string(), nullable=True),  # why the status is not ok
+            # log pi(a|s) of the practising policy at temperature 1, summed over the action's tokens
+            # as the chat template encodes it (online_dpo.encode); null: longer than the model's context
+            _f("expert_logp", pa.float64(), nullable=True),
+            _f("agent_logp", pa.float64(), nullable=True),
+            _f("policy_id", pa.string()),  # the practising policy (model id)
+            _f("seed", pa.int64()),  # the sample's
+        ]
+    ),
+)
+
 # A regeneration the forward model did not complete: one row per relabel that has no row in the
 # regenerations table, so relabels in = regenerations + dropped.
 DROPPED = TableSchema(
@@ -271,7 +303,7 @@ DROPPED = TableSchema(
 )
 
 SCHEMAS: dict[str, TableSchema] = {
-    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT, PAIRS, PREFERENCES, DROPPED)
+    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT, PAIRS, PREFERENCES, PRACTICE, DROPPED)
 }
 
 # What makes a trajectory itself; outcome columns (turns, return, success) are derived from it.

@@ -55,6 +55,7 @@ ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("train", "val", "test")
 SOURCES = ("policy", "import", "regeneration")
 PREFERENCE_SOURCES = ("policy", "proposer")  # the actor's: who made a state's two candidates
+PRACTICE_STATUSES = ("ok", "failed")  # practice's: a sample, or the backend gave up on it
 PAIR_SOURCES = ("on-policy", "hindsight")  # the buffer's: whether a logged trajectory passes through the pair
 # tasks.roles.Outcome: unparseable after retries, no answer, or an answer that the dialogue did not finish (HR's labeler step 1)
 STATUSES = ("ok", "invalid", "failed", "unfinished")
@@ -737,6 +738,14 @@ def _preference_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterato
         yield from _flag(v < 0, name, lambda r, v=v: f"{v[r]} is negative")
 
 
+def _practice_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterator[Problem]:
+    for name in ("step", "sample"):
+        v = _np(batch.column(name), fill=0)
+        yield from _flag(v < 0, name, lambda r, v=v: f"{v[r]} is negative")
+    failed = _np(pc.equal(batch.column("status"), "failed"), fill=False)
+    yield from _flag(failed & _np(batch.column("equal"), fill=False), "equal", "true on a row whose status is 'failed'")
+
+
 MESSAGE_TEXT = (
     "messages[].role", "messages[].content", "messages[].tool_calls[].id", "messages[].tool_calls[].function.name",
     "messages[].tool_calls[].function.arguments", "messages[].tool_call_id", "messages[].name",
@@ -787,6 +796,12 @@ RULES: dict[str, Rules] = {
         text=("key", "source", "prompt[].role", "action.role"),
         enums={"source": PAIR_SOURCES, "prompt[].role": ROLES, "action.role": ("assistant",)},
         rows=_pairs_rules,
+    ),
+    "practice": Rules(
+        key="pair_id",
+        text=("pair_id", "trajectory_id", "task_id", "split", "status", "policy_id", "prompt[].role", "expert.role", "agent.role"),
+        enums={"split": SPLITS, "status": PRACTICE_STATUSES, "prompt[].role": ROLES, "expert.role": ("assistant",), "agent.role": ("assistant",)},
+        rows=_practice_rules,
     ),
     "preferences": Rules(
         key="key",

@@ -61,7 +61,7 @@ from tasks.rollout import Episode, LMAgent, derive_seed, episode_from_prefix, ne
 from tasks.simulator import make_simulator
 from tasks.train import critic as critic_model
 from tasks.train import online_dpo
-from tasks.train.distributed import deepspeed_config, launch, partition, rank, save, world_size
+from tasks.train.distributed import deepspeed_config, from_rank0, launch, partition, rank, save, world_size
 from tasks.train.sft import MaskError
 
 def state_key(prompt: list[dict]) -> str:
@@ -100,13 +100,6 @@ def val_success(params: Params, model_dir: Path, label: str) -> float:
 def _model_dir(model, tokenizer, folder: Path) -> Path:
     save(model, tokenizer, folder, main=True)  # rank 0 alone, on a model no rank has partitioned (see _unpartitioned)
     return folder
-
-
-def _from_rank0(obj):
-    """Rank 0's `obj` on every rank."""
-    box = [obj]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def _unpartitioned(model, tokenizer, folder: Path, main: bool):
@@ -252,7 +245,7 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
         print(f"actor: {len(chosen_states)} states in {a.rounds} rounds" + (f" on {ranks} ranks" if ranks > 1 else ""), flush=True)
     with tempfile.TemporaryDirectory(prefix="retrosight-actor-") if main else contextlib.nullcontext() as tmp:
         if ranks > 1:
-            tmp = _from_rank0(tmp)  # one folder for the gathered weights, on this node
+            tmp = from_rank0(tmp)  # one folder for the gathered weights, on this node
         for i in range(0 if critic_untrained else a.rounds):
             chunk = chosen_states[i :: a.rounds]
             if not chunk:
@@ -261,7 +254,7 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
             made = _round_pairs(params, chunk, i, trajs, summary_of, model, tokenizer, score, proposer, tmp) if main else None
             rows = online_dpo.pair_rows(reference, tokenizer, made["examples"]) if main and made["examples"] else []
             if ranks > 1:
-                rows = _from_rank0(rows)
+                rows = from_rank0(rows)
             points = []
             if rows:
                 points = online_dpo.fit(

@@ -2,7 +2,9 @@
 
 Each policy plays the same episodes (same tasks, same per-episode seeds), episodes_per_task
 times per task (HOPE: 3 on val and test), so the policies are compared on paired episodes.
-Standard errors are over episodes. A row's policy_id is "<policy>:<model id>". Each policy in
+Standard errors are over episodes. A row's policy_id is "<policy>:<model id>". The policies: the
+base, each trained method, HOPE's actor (evaluate.actor) and StepAgent's (evaluate.stepagent), each
+played in a worker process of its own where there are cores for it (play_policy). Each policy in
 best_of_n.policies is also played best-of-n (HOPE 2.7): n actions sampled per turn, the critic's
 best one played ("<policy>+best_of_<n>"), and with each of best_of_n.critics
 ("<policy>+best_of_<n>[<critic>]").
@@ -60,11 +62,12 @@ def summary(episodes: list[Episode]) -> dict:
 
 
 def policies(params: Params, train_dir: Path) -> dict[str, Path]:
-    """The base policy, every trained method in params order, and HOPE's actor."""
+    """The base policy, every trained method in params order, HOPE's actor and StepAgent's policy."""
     return {
         "bootstrap": Path(params.train.base_model),
         **{m: train_dir / "models" / m for m in params.train.methods},
         **({"actor": Path(params.evaluate.actor)} if params.evaluate.actor else {}),
+        **({"stepagent": Path(params.evaluate.stepagent)} if params.evaluate.stepagent else {}),
         **{name: Path(path) for name, path in params.evaluate.extra.items()},
     }
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -38,6 +39,7 @@ def import_trajectories(
     env: str | None = None,
     on_error: Literal["quarantine", "raise"] = "quarantine",
     max_chars: int = 100_000,
+    check: Callable[[dict], None] | None = None,
 ) -> tuple[pa.Table, pa.Table]:
     """Validate and convert a user's trajectories; returns (trajectories, quarantine) tables.
 
@@ -45,6 +47,8 @@ def import_trajectories(
     Rows are numbered as a user finds them: 1-based line numbers in JSONL, 0-based row
     indices in Parquet. `env` fills rows that have none. Trajectories come out sorted by
     trajectory_id, quarantined rows in file order, so the same input gives the same bytes.
+    `check`, a caller's own rule, sees each valid row and raises BadRow to refuse it (the expert
+    stage's: the run's environment and splits).
     """
     if on_error not in ("quarantine", "raise"):
         raise ValueError(f"on_error must be 'quarantine' or 'raise', not {on_error!r}")
@@ -58,6 +62,8 @@ def import_trajectories(
     for row, record in records:
         try:
             out = _validate(_parse(record), env, max_chars)
+            if check is not None:
+                check(out)
             earlier = first_row_of.setdefault(out["trajectory_id"], row)
             if earlier != row:
                 raise BadRow("trajectory_id", f"duplicate of row {earlier} (same content)")

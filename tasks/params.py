@@ -461,6 +461,66 @@ class TrainStageParams(TrainParams):
         )
 
 
+class ExpertParams(Strict):
+    """The expert stage (tasks/expert.py): StepAgent's expert trajectories, played by the
+    environment's scripted expert or imported from a user's file."""
+
+    # null: the environment's scripted expert plays; a JSONL or Parquet file of chat-format
+    # trajectories (as `retrosight import` reads): imported instead, every row checked
+    source: str | None = None
+    splits: list[Split] = Field(["train"], min_length=1)  # StepAgent's (ETO's) expert trajectories are the train split's
+    m: int = Field(1, ge=1)  # episodes per task (StepAgent: one expert trajectory per task)
+    limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split: quick smoke runs
+
+
+class PracticeParams(Strict):
+    """The practice stage (tasks/practice.py): StepAgent's inspection (Eq. 4) and practice (Eq. 5)."""
+
+    model: str = "data/bootstrap/model"  # the policy that practises, pi_theta_i (iteration 1: the SFT base, pi_theta_0)
+    # prefixes drawn by seed from every successful expert trajectory's n (Algorithm 1's "sampled
+    # step-wise expert trajectory"); null: every prefix, Eq. 4's T_sample whole
+    prefixes: int | None = Field(32, ge=1)
+    k: int = Field(3, ge=1)  # practice number: actions sampled per prefix (StepAgent Fig. 4b: 3 is best, more does not help)
+    # StepAgent decodes greedily, which would make the k samples one; it gives no sampling. T = 1:
+    # the policy's own distribution, so a sample's log-probability is its behaviour log-probability
+    sampling: SamplingParams = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=112)
+    # what counts as the agent matching the expert (such pairs are flagged, counted, and left out
+    # of the loss): action, the same move by the environment's own normalisation (same_action on
+    # the parsed actions, as relabel drops a counterfactual equal to the original) or the identical
+    # text; text, the identical text only (the one case whose DPO gradient is exactly zero)
+    equal: Literal["action", "text"] = "action"
+    batch_size: int = Field(512, ge=1)  # prompts generated together
+
+
+STEPAGENT_VARIANTS = ("implicit",)  # built; inverse (Eq. 9-11, the discriminator and PPO) is issue 42's item 5
+
+
+class StepAgentParams(Strict):
+    """The stepagent stage (tasks/stepagent.py): StepAgent's reflection on the practice pairs."""
+
+    # implicit: step-level DPO of the expert's action over the agent's (Eq. 6); inverse: a
+    # discriminator's log D as a step reward for PPO (Eq. 9-11), not built yet
+    variant: Literal["implicit", "inverse"] = "implicit"
+    base_model: str = "data/bootstrap/model"  # the starting weights, and DPO's frozen reference pi_ref: the policy that practised
+    # Eq. 6's beta; StepAgent gives none. ETO, whose setup it follows: 0.1 in iteration 1, 0.5 after
+    beta: float = Field(0.1, gt=0)
+    epochs: float = Field(1, gt=0)  # ETO: 1 per iteration
+    batch_size: int = Field(8, ge=1)  # pairs per step (ETO: 16)
+    learning_rate: float = Field(1.0e-4, gt=0)  # ETO: 1e-6, then 5e-7, on 7B models; the tiny model needs more (the actor's)
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    bf16: bool | Literal["auto"] = "auto"
+    max_loss_ratio: float | None = Field(10.0, gt=1)
+    deepspeed: str | None = "tasks/train/deepspeed_zero3.json"  # as train.deepspeed: GPUs and multi-rank runs
+    nproc_per_node: int = Field(1, ge=1)  # > 1: the stage relaunches itself under torchrun, as train does
+
+    @model_validator(mode="after")
+    def _built(self) -> StepAgentParams:
+        if self.variant not in STEPAGENT_VARIANTS:
+            raise ValueError(f"variant {self.variant} is not built yet (StepAgent-Inverse: issue 42, item 5); built: {', '.join(STEPAGENT_VARIANTS)}")
+        return self
+
+
 class BestOfNParams(Strict):
     critic: str = "data/critic/model"  # the critic that picks (the critic stage's model)
     n: int = Field(15, ge=1)  # actions sampled per turn (HOPE: 15)
@@ -479,6 +539,10 @@ class EvaluateParams(Strict):
     limit_tasks: int | None = Field(None, ge=1)
     best_of_n: BestOfNParams = BestOfNParams()
     actor: str | None = "data/actor/model"  # HOPE's actor (the actor stage's model), played as "actor"; null: not played
+    # StepAgent's policy (the stepagent stage's model), played as "stepagent"; null: not played.
+    # params.yaml names it; left out, it is null, so a params file from before StepAgent (a
+    # committed seed's) reads as it was run
+    stepagent: str | None = None
     extra: dict[str, str] = {}  # more policies to play, name: model directory (the bench's PRM+RL actor)
 
 
@@ -500,7 +564,7 @@ QUICK_LOOK_SIZES = ("bootstrap", "collect", "critic", "actor", "evaluate")
 class Params(Strict):
     seed: int
     # The first N tasks of every split in every stage that plays tasks (bootstrap, collect,
-    # evaluate, the val games of the critic's and actor's checkpoint choice): a quick look. A
+    # expert, evaluate, the val games of the critic's and actor's checkpoint choice): a quick look. A
     # stage's own limit_tasks, where it has one, wins.
     limit_tasks: int | None = Field(None, ge=1)
     # A quick look's sizes, laid over the stages' keys when limit_tasks is set (as a preset is):
@@ -520,6 +584,9 @@ class Params(Strict):
     actor: ActorParams = ActorParams()
     proposer: ProposerParams = ProposerParams()
     forward: ForwardParams = ForwardParams()
+    expert: ExpertParams = ExpertParams()
+    practice: PracticeParams = PracticeParams()
+    stepagent: StepAgentParams = StepAgentParams()
     train: TrainStageParams
     evaluate: EvaluateParams
     # HOPE's iterations after the first (the stages collect ... actor are iteration 1), by number
@@ -542,9 +609,10 @@ class Params(Strict):
         if isinstance(data, dict) and data.get("limit_tasks") is not None:
             data = copy.deepcopy(data)
             lay_preset(data, data.get("quick_look") or {})
-            for stage in ("bootstrap", "collect", "evaluate"):
-                if isinstance(data.get(stage), dict) and data[stage].get("limit_tasks") is None:
-                    data[stage] = {**data[stage], "limit_tasks": data["limit_tasks"]}
+            for stage in ("bootstrap", "collect", "expert", "evaluate"):
+                section = data.get(stage, {} if stage == "expert" else None)  # expert's section may be left out: its defaults
+                if isinstance(section, dict) and section.get("limit_tasks") is None:
+                    data[stage] = {**section, "limit_tasks": data["limit_tasks"]}
         return data
 
     @field_validator("iterations", mode="before")
@@ -565,7 +633,8 @@ class Params(Strict):
 
     @model_validator(mode="after")
     def _best_of_n_plays_known_policies(self) -> Params:
-        known = ["bootstrap", *self.train.methods, *(["actor"] if self.evaluate.actor else []), *self.evaluate.extra]
+        known = ["bootstrap", *self.train.methods, *(["actor"] if self.evaluate.actor else []),
+                 *(["stepagent"] if self.evaluate.stepagent else []), *self.evaluate.extra]
         if unknown := [p for p in self.evaluate.best_of_n.policies if p not in known]:
             raise ValueError(f"evaluate.best_of_n.policies: {', '.join(unknown)} is not a policy evaluate plays ({', '.join(known)})")
         return self

@@ -40,6 +40,9 @@ TINY = {
     "regenerate": {"sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
     "critic": {"epochs": 1, "batch_size": 8},
     "actor": {"prompts": 16, "rounds": 2, "batch_size": 4, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
+    "expert": {"limit_tasks": 3},
+    "practice": {"prefixes": 8, "k": 2, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
+    "stepagent": {"batch_size": 4},
     "train": {"epochs": 1, "batch_size": 4, "methods": {"sft": {"algorithm": "sft"}}},  # added to params.yaml's
     "evaluate": {"limit_tasks": 1, "episodes_per_task": 2, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}},
 }

@@ -143,6 +143,15 @@ def preference(i: int = 0, **change) -> dict:
     }
 
 
+def practised(i: int = 0, **change) -> dict:
+    return {
+        "pair_id": f"p{i}", "trajectory_id": "t0", "task_id": "Dog", "split": "train", "step": 0, "sample": i, "prompt": MESSAGES[:2],
+        "expert": MESSAGES[2], "agent": {"role": "assistant", "content": "REASON: x\nQUESTION: Is it a car?"}, "expert_action": "Is it an animal?",
+        "agent_action": "Is it a car?", "equal": False, "identical": False, "status": "ok", "reason": None, "expert_logp": -1.5,
+        "agent_logp": -4.0, "policy_id": "model@abc", "seed": i, **change,
+    }
+
+
 def dropped(i: int = 0, **change) -> dict:
     return {
         "relabel_id": f"r{i}", "parent_id": f"t{i}", "task_id": "donor-train-000", "branch_turn": 1, "forward_model": "model",
@@ -152,7 +161,7 @@ def dropped(i: int = 0, **change) -> dict:
 
 GOOD = {
     "trajectories": traj, "summaries": summary, "relabels": relabel, "labels": label, "training": training,
-    "export": export, "quarantine": quarantined, "pairs": pair, "preferences": preference, "dropped": dropped,
+    "export": export, "quarantine": quarantined, "pairs": pair, "preferences": preference, "practice": practised, "dropped": dropped,
 }
 
 
@@ -306,6 +315,13 @@ ROW_FAULTS = {
     "unknown preference source": (PR, preference(1, source="oracle"), "source", r"^'oracle' is not one of policy, proposer$"),
     "rejected not the agent's": (PR, preference(1, rejected=MESSAGES[1]), "rejected.role", r"^'user' is not one of assistant$"),
     "duplicate state": (PR, preference(0), "key", r"^duplicate of row 0"),
+    # practice (StepAgent's pairs)
+    "negative step": ("practice", practised(1, step=-1), "step", r"^-1 is negative$"),
+    "unknown practice status": ("practice", practised(1, status="done"), "status", r"^'done' is not one of ok, failed$"),
+    "a failed sample called equal": ("practice", practised(1, status="failed", equal=True), "equal", r"^true on a row whose status is 'failed'$"),
+    "agent not the agent's": ("practice", practised(1, agent=MESSAGES[1]), "agent.role", r"^'user' is not one of assistant$"),
+    "NaN log-probability": ("practice", practised(1, agent_logp=float("nan")), "agent_logp", r"^nan is not a finite number$"),
+    "duplicate practice pair": ("practice", practised(0), "pair_id", r"^duplicate of row 0"),
     # labels
     "NaN label reward": (L, label(1, reward=float("nan")), "reward", r"^nan is not a finite number$"),
     "-inf env reward": (L, label(1, env_reward=float("-inf")), "env_reward", r"^-inf is not a finite number$"),

@@ -230,7 +230,7 @@ def test_evaluate_plays_its_policies_in_worker_processes_as_in_one(chain, tiny_m
             # A simulator the tiny model plays: its answers mostly fail to parse, and are counted.
             "roles": {"policy": {"model": str(tiny_model_dir)},
                       "simulator": {"backend": "hf", "model": str(tiny_model_dir), "max_failure_rate": 1.0}},
-            "evaluate": {"actor": str(tiny_model_dir), "best_of_n": {"critic": str(chain / "critic"), "n": 2, "policies": ["bootstrap"]}},
+            "evaluate": {"actor": str(tiny_model_dir), "stepagent": None, "best_of_n": {"critic": str(chain / "critic"), "n": 2, "policies": ["bootstrap"]}},
         }))
 
     parallel = params(2, 2)

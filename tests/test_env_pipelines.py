@@ -13,7 +13,8 @@ from conftest import BIN, ROOT, make_project, run
 
 pytestmark = pytest.mark.system
 
-STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "proposer", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
+STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "proposer", "label", "standardize", "buffer", "critic", "actor",
+          "expert", "practice", "stepagent", "train", "evaluate"]
 
 # Each environment's own -S keys, and room for its longest scripted action: a policy cut short of
 # its format writes nothing the environment can parse.
@@ -33,7 +34,7 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
         "bootstrap": {"limit_tasks": None, "demos_per_task": 1, "eval_sampling": sampling,
                       "behaviour_mix": {"expert": 0.4, "noisy": 0.3, "random": 0.3}},
         "collect": {"limit_tasks": None, "m": 1, "sampling": sampling}, "regenerate": {"sampling": sampling},
-        "actor": {"sampling": sampling}, "evaluate": {"sampling": sampling}})
+        "actor": {"sampling": sampling}, "expert": {"limit_tasks": None}, "practice": {"sampling": sampling}, "evaluate": {"sampling": sampling}})
 
     sets = [arg for key in [f"env.name={name}", *keys, "limit_tasks=2"] for arg in ("-S", key)]
     out = run([str(BIN / "retrosight"), "run", *sets], repo, timeout=3000)
@@ -61,9 +62,12 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
     assert played and {r["env"] for r in played} == {name}
     assert {r["split"]: r["task_id"] for r in played}.keys() == {"val", "test"}
     assert len({r["task_id"] for r in played}) == 2  # evaluate's own limit_tasks: 1 a split
-    assert {"bootstrap", "actor", "sft"} <= {r["policy_id"].split(":")[0] for r in played}
+    assert {"bootstrap", "actor", "stepagent", "sft"} <= {r["policy_id"].split(":")[0] for r in played}
     evaluation = json.loads((repo / "data/evaluate/metrics.json").read_text())
-    assert {"bootstrap", "actor", "sft"} <= set(evaluation["policies"])
+    assert {"bootstrap", "actor", "stepagent", "sft"} <= set(evaluation["policies"])
+    experts = pq.read_table(repo / "data/expert/trajectories.parquet").to_pylist()
+    assert len(experts) == 2 and {r["env"] for r in experts} == {name} and {r["policy_id"] for r in experts} == {"scripted:expert"}
+    assert json.loads((repo / "data/practice/metrics.json").read_text())["samples"] > 0
 
 
 def test_hrs_preset_runs_every_stage_on_persuasion_with_the_learned_forward_models_and_ilql(tmp_path):

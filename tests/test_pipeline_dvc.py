@@ -37,13 +37,14 @@ def _wait_until_gone(group: int, timeout: float = 60) -> None:
 
 
 STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "proposer", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
+STEPAGENT = ["expert", "practice", "stepagent"]  # beside the hindsight chain: a relabel change reruns none of them
 
 
 def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace, tmp_path, faults):
     # The full run from nothing is the one that made the shared workspace (once per tree, in
     # conftest.py): every stage ran, and the run ended with the evaluation's results.
     first_out = finished_workspace.output
-    for stage in STAGES:
+    for stage in STAGES + STEPAGENT:
         assert f"{stage}: ran" in first_out, first_out
     assert "Success rate on held-out tasks" in first_out and "refit_logged" in first_out
     project = copy_repo(finished_workspace.repo, tmp_path)
@@ -61,7 +62,7 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace,
     status = run([str(BIN / "dvc"), "status", "--json"], project)  # the copy is whole: DVC finds nothing stale
     assert json.loads(status.stdout) == {}
     lock = yaml.safe_load((project / "dvc.lock").read_text())
-    assert set(lock["stages"]) == set(STAGES)
+    assert set(lock["stages"]) == set(STAGES + STEPAGENT)
     # The default regenerate (roles.forward.backend: policy) serves no forward model: none is trained.
     assert json.loads((project / "data/forward/metrics.json").read_text())["trained"] is False
     assert [f.name for f in (project / "data/forward/models").iterdir()] == ["NOT_TRAINED.txt"]
@@ -81,7 +82,11 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace,
     assert judged["pairs_selected"] == pairs.column("selected").to_pylist().count(True)
     assert (project / "data/critic/model/config.json").exists()
     evaluation = json.loads((project / "data/evaluate/metrics.json").read_text())
-    assert list(evaluation["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc", "sft", "actor", "bootstrap+best_of_4"]
+    assert list(evaluation["policies"]) == ["bootstrap", "refit_logged", "refit", "swift", "filtered_bc", "sft", "actor", "stepagent", "bootstrap+best_of_4"]
+    practice = json.loads((project / "data/practice/metrics.json").read_text())
+    assert practice["samples"] == pq.read_table(project / "data/practice/pairs.parquet").num_rows == 8 * 2  # 8 prefixes x k = 2
+    stepagent = json.loads((project / "data/stepagent/metrics.json").read_text())
+    assert stepagent["rows"] == practice["samples"] and stepagent["equal_dropped"] == practice["equal"] and stepagent["reference_practised"]
     actor = json.loads((project / "data/actor/metrics.json").read_text())
     assert actor["states"] > 0 and (project / "data/actor/preferences.parquet").exists()
     assert json.loads((project / "data/proposer/metrics.json").read_text())["counterfactuals"] == relabels.num_rows
@@ -112,7 +117,7 @@ def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace,
         pq.read_metadata(f)  # whatever a reader can see is a whole file
     third = run([str(BIN / "retrosight"), "run"], project)
     faults(sigkills=1, runs_resumed=1)
-    for stage in STAGES[:5]:  # relabel finished before the kill: DVC recorded it, so it is not redone
+    for stage in STAGES[:5] + STEPAGENT:  # relabel finished before the kill: DVC recorded it, so it is not redone
         assert f"{stage}: skipped" in third.stdout, third.stdout
     for stage in STAGES[5:]:
         assert f"{stage}: ran" in third.stdout, third.stdout

@@ -76,6 +76,7 @@ def chain_params(model_dir: Path, max_new_tokens: int, roles: dict | None = None
         "evaluate": {
             "best_of_n": {"critic": str(critic), "policies": ["bootstrap"]} if critic else {"policies": []},
             "actor": str(critic.parent.parent / "actor/model") if critic else None,
+            "stepagent": None,  # the chain has no StepAgent stages
         },
     })
     raw["train"]["methods"] = {"refit": {"algorithm": "refit"}, "swift": {"algorithm": "swift"}}

@@ -189,7 +189,7 @@ def test_evaluate_stopped_between_policies_resumes_with_the_plays_it_kept(tiny_m
 
     def params() -> Params:  # each its own response cache: nothing is reused from another run
         return Params.model_validate(tiny_params({"train": {"base_model": str(tiny_model_dir)}, "roles": {"policy": {"model": str(tiny_model_dir)}},
-                                                  "evaluate": {"actor": None, "best_of_n": {"policies": []}}}))
+                                                  "evaluate": {"actor": None, "stepagent": None, "best_of_n": {"policies": []}}}))
 
     methods = list(params().train.methods)
     (tmp_path / "train/models").mkdir(parents=True)

@@ -41,8 +41,8 @@ def launch(
     params: Params, training: Path, out_dir: Path, checkpoint_dir: Path | None, nproc: int, stage: str = "train",
     inputs: dict[str, Path | list[Path]] | None = None,
 ) -> dict:
-    """Runs the train stage (or the critic or actor stage, on the buffer's pairs table) on `nproc`
-    local ranks under torchrun; returns rank 0's metrics. `inputs`: the stage's other tables, by
+    """Runs the train stage (or the critic or actor stage, on the buffer's pairs table, or the
+    stepagent stage, on practice's) on `nproc` local ranks under torchrun; returns rank 0's metrics. `inputs`: the stage's other tables, by
     option name (relabels, trajectories, summaries)."""
     with tempfile.TemporaryDirectory(prefix="retrosight-train-") as tmp:
         # The params as validated here (a test's or a flow's), not a file the ranks would read again.
@@ -65,6 +65,14 @@ def launch(
     if done.returncode:
         raise RuntimeError(f"{stage}: the {nproc} ranks under torchrun failed (exit code {done.returncode}); each rank's error is printed above")
     return json.loads((Path(out_dir) / "metrics.json").read_text())
+
+
+def from_rank0(obj):
+    """Rank 0's `obj` on every rank (what rank 0 alone computed: a round's pairs, the reference's
+    log-probabilities)."""
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def deepspeed_config(path: str | None) -> str | None:

@@ -26,6 +26,7 @@ STAGES = {
     "train": ("tasks.train:run_train", lambda a: (a.training, a.out, a.checkpoint_dir, a.relabels, (a.trajectories or [None])[0])),
     "critic": ("tasks.critic:run_critic", lambda a: (a.training, a.out)),
     "actor": ("tasks.actor:run_actor", lambda a: (a.training, a.trajectories, a.summaries, a.out)),
+    "stepagent": ("tasks.stepagent:run_stepagent", lambda a: (a.training, a.out)),
 }
 
 
@@ -36,10 +37,10 @@ def entry_point(stage: str):
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m tasks.train.launch", description="One rank of the train, critic or actor stage (start it with torchrun).")
+    ap = argparse.ArgumentParser(prog="python -m tasks.train.launch", description="One rank of the train, critic, actor or stepagent stage (start it with torchrun).")
     ap.add_argument("--stage", choices=sorted(STAGES), default="train")
     ap.add_argument("--params", required=True, help="params.yaml, or the params JSON a launching stage wrote")
-    ap.add_argument("--training", required=True, type=Path, help="the training table (data/standardize/train.parquet; the critic: data/buffer/pairs.parquet)")
+    ap.add_argument("--training", required=True, type=Path, help="the training table (data/standardize/train.parquet; the critic: data/buffer/pairs.parquet; stepagent: data/practice/pairs.parquet)")
     ap.add_argument("--out", required=True, type=Path, help="the stage's output folder (data/train)")
     ap.add_argument("--checkpoint-dir", type=Path, default=None)
     ap.add_argument("--relabels", type=Path, default=None, help="train, for leap methods: data/relabel/relabels.parquet")

@@ -7,6 +7,9 @@ coefficient (`actor.kl_beta`, HOPE's code 0.03). log pi(a|s) sums the log-probab
 action's tokens only: the state (earlier turns included, whose agent messages the SFT mask would
 cover) carries no loss. The reference's log-probabilities are computed once per batch of pairs,
 before the update, from the frozen starting policy (HOPE: pi_0).
+
+The same loss, masks, pair collator and trainer serve StepAgent-Implicit (stepagent_implicit.py),
+whose chosen action is the expert's and rejected one the policy's own at the same state.
 """
 from __future__ import annotations
 
