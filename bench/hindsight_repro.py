@@ -343,7 +343,8 @@ def main() -> None:
         raw = yaml.safe_load((ROOT / "params.yaml").read_text())
         if args.preset:
             lay_preset(raw, read_preset(args.preset))
-        for s in [*args.sets, f"seed={seed}"]:
+        # StepAgent's stages are not among this bench's (left out, as a seed saved before them reads)
+        for s in ["evaluate.stepagent=null", *args.sets, f"seed={seed}"]:
             override(raw, s)
         return raw
 
@@ -354,7 +355,6 @@ def main() -> None:
         plain = copy.deepcopy(raw)
         d = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
-        override(raw, "evaluate.stepagent=null")  # StepAgent's stages are not among this bench's
         if args.no_actor_critic:
             for s in ("evaluate.actor=null", "evaluate.extra={}", "evaluate.best_of_n.policies=[]"):
                 override(raw, s)
