@@ -185,6 +185,13 @@ class Mixture:
         return self.policies[rng.choices(self.names, weights=self.weights)[0]]
 
 
+def check_noise(p_random: float, p_repeat: float, p_early_guess: float) -> None:
+    """A noisy policy's probabilities: each in [0, 1], together at most 1 (the rest plays the expert)."""
+    probs = (p_random, p_repeat, p_early_guess)
+    if any(not 0 <= p <= 1 for p in probs) or sum(probs) > 1:
+        raise ValueError(f"noise probabilities must lie in [0, 1] and sum to at most 1, got {probs}")
+
+
 def fraction_window(num_turns: int, a: float, b: float) -> list[int]:
     """The 0-based turns j with a*T <= j < b*T (HOPE's relabel window)."""
     return [j for j in range(num_turns) if a * num_turns <= j < b * num_turns]

@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from envs.base import check_noise
+
 from .buyer import quoted_price
 from .data import Car, Catalog
 from .format import render_api, render_reply
@@ -191,10 +193,8 @@ class Noisy:
     name = "noisy"
 
     def __init__(self, catalog: Catalog, p_random: float, p_repeat: float, p_early_guess: float):
-        probs = (p_random, p_repeat, p_early_guess)
-        if any(not 0 <= p <= 1 for p in probs) or sum(probs) > 1:
-            raise ValueError(f"noise probabilities must lie in [0, 1] and sum to at most 1, got {probs}")
-        self.p_random, self.p_repeat, self.p_early_guess = probs
+        check_noise(p_random, p_repeat, p_early_guess)
+        self.p_random, self.p_repeat, self.p_early_guess = p_random, p_repeat, p_early_guess
         self.expert, self.random = Expert(catalog), Random(catalog)
 
     def act(self, view: SellerView, rng: random.Random) -> str:

@@ -15,6 +15,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
+from envs.base import check_noise
 from envs.reason_question import Action
 
 from .cities import City
@@ -129,10 +130,8 @@ class NoisyPolicy:
     name = "noisy"
 
     def __init__(self, p_random: float, p_repeat: float, p_early_guess: float, oracle: Oracle):
-        probs = (p_random, p_repeat, p_early_guess)
-        if any(not 0 <= p <= 1 for p in probs) or sum(probs) > 1:
-            raise ValueError(f"noise probabilities must lie in [0, 1] and sum to at most 1, got {probs}")
-        self.p_random, self.p_repeat, self.p_early_guess = probs
+        check_noise(p_random, p_repeat, p_early_guess)
+        self.p_random, self.p_repeat, self.p_early_guess = p_random, p_repeat, p_early_guess
         self.expert = ExpertPolicy(oracle)
         self.oracle = oracle
 

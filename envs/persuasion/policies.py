@@ -19,6 +19,8 @@ import random
 import re
 from dataclasses import dataclass
 
+from envs.base import check_noise
+
 LINES: dict[str, list[str]] = {
     "open": ["Hello! Have you heard of Save the Children?", "Hi, how are you today? Are you familiar with Save the Children?"],
     "credibility": [
@@ -161,8 +163,7 @@ class Noisy:
     name = "noisy"
 
     def __init__(self, p_random: float, p_repeat: float, p_early_guess: float):
-        if min(p_random, p_repeat, p_early_guess) < 0 or p_random + p_repeat + p_early_guess > 1:
-            raise ValueError(f"noise probabilities must be >= 0 and sum to at most 1, got {p_random}, {p_repeat}, {p_early_guess}")
+        check_noise(p_random, p_repeat, p_early_guess)
         self.p_random, self.p_repeat, self.p_early = p_random, p_repeat, p_early_guess
         self.expert = Expert()
 

@@ -15,6 +15,8 @@ import random
 from dataclasses import dataclass
 from typing import Protocol
 
+from envs.base import check_noise
+
 from .facts import telling
 from .format import Action
 from .game import Game, Step
@@ -148,10 +150,8 @@ class NoisyPolicy:
     name = "noisy"
 
     def __init__(self, p_random: float, p_repeat: float, p_early_guess: float, kb: KnowledgeBase | None = None, listed: bool = True):
-        probs = (p_random, p_repeat, p_early_guess)
-        if any(not 0 <= p <= 1 for p in probs) or sum(probs) > 1:
-            raise ValueError(f"noise probabilities must lie in [0, 1] and sum to at most 1, got {probs}")
-        self.p_random, self.p_repeat, self.p_early_guess = probs
+        check_noise(p_random, p_repeat, p_early_guess)
+        self.p_random, self.p_repeat, self.p_early_guess = p_random, p_repeat, p_early_guess
         self.expert = ExpertPolicy(kb, listed=listed)
         self.kb = self.expert.kb
 
