@@ -99,11 +99,11 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         "label": lambda: run_label(params, trajectories, d / "label"),
         "standardize": lambda: run_standardize(params, trajectories, d / "label/labels.parquet", d / "standardize"),
         "buffer": lambda: run_buffer(params, trajectories, d / "buffer"),
-        "critic": lambda: run_critic(params, d / "buffer/pairs.parquet", d / "critic"),
+        "critic": lambda: run_critic(params, d / "buffer/pairs.parquet", d / "critic", d / "critic_checkpoints"),  # resumes mid-training
         "actor": lambda: run_actor(params, d / "buffer/pairs.parquet", trajectories, d / "summarize/summaries.parquet", d / "actor"),
         # PRM+RL (HOPE's baseline): the same critic and actor on a buffer without hindsight (alpha 0)
         "buffer_prm": lambda: run_buffer(prm, trajectories, d / "buffer_prm"),
-        "critic_prm": lambda: run_critic(prm, d / "buffer_prm/pairs.parquet", d / "critic_prm"),
+        "critic_prm": lambda: run_critic(prm, d / "buffer_prm/pairs.parquet", d / "critic_prm", d / "critic_prm_checkpoints"),
         "actor_prm": lambda: run_actor(prm, d / "buffer_prm/pairs.parquet", trajectories, d / "summarize/summaries.parquet", d / "actor_prm"),
         # with checkpoints, a seed stopped mid-train resumes each method where it stopped (the longest stage)
         "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train", d / "train_checkpoints",

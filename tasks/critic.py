@@ -13,6 +13,10 @@ reads it (tasks/train/critic.py: untrained).
 
 With select: best_of_n_val the critic after every epoch is kept, each plays best-of-N with the
 policy on the val games (HOPE 2.7), and the best is the stage's model (select_checkpoint).
+
+With a checkpoint directory, a killed run resumes (single process): the trainer's checkpoints
+and the epoch snapshots are kept there under a key of the pairs, the base model, the critic's
+params and the seed, and removed once the stage has written its model.
 """
 from __future__ import annotations
 
@@ -32,8 +36,10 @@ from tasks.params import Params
 from tasks.roles import policy_generator
 from tasks.rollout import BestOfNAgent, derive_seed, new_episode, play
 from tasks.simulator import make_simulator
+from tasks.train import checkpoint_store, path_digest
 from tasks.train import critic as algorithm
 from tasks.train.distributed import deepspeed_config, launch, partition, rank, save, world_size
+from tasks.train.sft import latest_checkpoint
 
 
 def heldout(key: str, seed: int, share: float) -> bool:
@@ -60,12 +66,14 @@ class EpochSnapshots(TrainerCallback):
     """The critic at the end of every epoch, written under `folder` (a collective under ZeRO-3)."""
 
     def __init__(self, model, tokenizer, folder: Path, main: bool):
-        self.model, self.tokenizer, self.folder, self.main, self.saved = model, tokenizer, folder, main, []
+        self.model, self.tokenizer, self.folder, self.main = model, tokenizer, folder, main
+
+    @property
+    def saved(self) -> list[Path]:  # a resumed run's earlier epochs included
+        return sorted((p for p in self.folder.glob("epoch-*") if (p / "config.json").exists()), key=lambda p: int(p.name[6:]))
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        path = self.folder / f"epoch-{len(self.saved) + 1}"
-        save(self.model, self.tokenizer, path, self.main)
-        self.saved.append(path)
+        save(self.model, self.tokenizer, self.folder / f"epoch-{round(state.epoch)}", self.main)
 
 
 def select_checkpoint(params: Params, snapshots: list[Path], held: list[dict], mean: float, out: Path) -> dict:
@@ -109,16 +117,28 @@ def _skipped(model, tokenizer, out_dir: Path, why: str, main: bool, metrics: dic
     return metrics
 
 
-def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
+def run_critic(params: Params, pairs: Path, out_dir: Path, checkpoint_dir: Path | None = None) -> dict:
     """Writes out_dir/model (a sequence-classification model directory), out_dir/loss.json and
-    out_dir/metrics.json. With critic.nproc_per_node > 1, relaunches itself on that many ranks.
+    out_dir/metrics.json. With checkpoint_dir, resumes a killed run (see the module's docstring).
+    With critic.nproc_per_node > 1, relaunches itself on that many ranks.
     With no pair to train on, the critic is skipped: its model scores every pair alike, and
     model/UNTRAINED.txt and metrics.json say why (tasks/train/critic.py: untrained)."""
     t0 = time.time()
     c = params.critic
     if c.nproc_per_node > 1 and not torch.distributed.is_torchelastic_launched():
-        return launch(params, pairs, out_dir, None, c.nproc_per_node, stage="critic")
+        return launch(params, pairs, out_dir, checkpoint_dir, c.nproc_per_node, stage="critic")
     main = rank() == 0
+    if world_size() > 1 and checkpoint_dir is not None:
+        if main:
+            print(f"critic: resuming is single-process only; with {world_size()} ranks a killed run trains from the start", flush=True)
+        checkpoint_dir = None
+    store = None
+    if checkpoint_dir is not None:
+        store = checkpoint_store(checkpoint_dir, "critic", {
+            "pairs": path_digest(str(pairs)), "base_model": path_digest(c.base_model), "critic": c.model_dump(mode="json"), "seed": params.seed,
+        })
+        if resume := latest_checkpoint(store / "trainer"):
+            print(f"critic: resuming from its checkpoint at step {resume.name.rsplit('-', 1)[1]}", flush=True)
     inputs = StageInputs()
     table = inputs.read(pairs, "pairs")
     rows = [r for r in table.to_pylist() if r["selected"]]
@@ -151,12 +171,13 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
     if main and head:
         print(f"critic: head fit on the frozen policy, Eq. 1 {head['loss_zero_head']} -> {head['loss_fit_head']}", flush=True)
     kwargs = {k: getattr(c, k) for k in ("epochs", "batch_size", "learning_rate", "warmup_ratio", "weight_decay", "bf16")}
-    snapshots = out_dir / ".epochs"
-    shutil.rmtree(snapshots, ignore_errors=True)
+    snapshots = store / "epochs" if store else out_dir / ".epochs"
+    if store is None:
+        shutil.rmtree(snapshots, ignore_errors=True)
     callbacks = (EpochSnapshots(model, tokenizer, snapshots, main),) if c.select == "best_of_n_val" else ()
     curve = algorithm.train(
         model, tokenizer, train, params.seed, padding_free=False, deepspeed=deepspeed_config(c.deepspeed),
-        max_loss_ratio=c.max_loss_ratio, callbacks=callbacks, **kwargs,
+        max_loss_ratio=c.max_loss_ratio, callbacks=callbacks, checkpoint_dir=store / "trainer" if store else None, **kwargs,
     )
     shares = partition(model)
     # Every rank scores the same pairs: under ZeRO-3 each forward gathers the layers from all ranks.
@@ -169,7 +190,6 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
     mean = sum(e["target"] for e in train) / len(train)
     if callbacks:
         metrics["selection"] = select_checkpoint(params, callbacks[0].saved, held, mean, out_dir / "model")
-        shutil.rmtree(snapshots)
         model, tokenizer = algorithm.load_critic(str(out_dir / "model"))
         scored = {name: algorithm.score(model, tokenizer, [e["input_ids"] for e in part]) for name, part in (("heldout", held), ("train", train))}
     if world_size() > 1:
@@ -188,4 +208,5 @@ def run_critic(params: Params, pairs: Path, out_dir: Path) -> dict:
         "seconds": round(time.time() - t0, 1),
     })
     (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(store or snapshots, ignore_errors=True)
     return metrics

@@ -184,3 +184,36 @@ def test_with_no_pair_to_train_on_the_critic_is_skipped_with_its_reason(tiny_mod
     # what best-of-N and the actor load: a critic that prefers no action
     score = critic.scorer(str(tmp_path / "out/model"))
     assert score([(r["prompt"], r["action"]) for r in rows]) == [0.5] * 10
+
+
+def test_a_critic_stopped_mid_training_resumes_to_the_uninterrupted_weights(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    """With a checkpoint directory, a run stopped at step 25 resumes from its step-20 checkpoint
+    and ends with the weights and loss curve of a run never stopped; the checkpoints go after."""
+    import hashlib
+
+    write_table(to_table(pairs_table(200), "pairs"), tmp_path / "pairs.parquet", "pairs")
+    raw = tiny_params({"critic": {"base_model": str(tiny_model_dir), "epochs": 2, "batch_size": 8, "heldout_share": 0.2}})
+    params = Params.model_validate(raw)
+    run_critic(params, tmp_path / "pairs.parquet", tmp_path / "whole")
+
+    steps = []
+    loss = critic.CriticTrainer.compute_loss
+
+    def stopping(self, *a, **k):
+        steps.append(1)
+        if len(steps) == 25:
+            raise KeyboardInterrupt("stopped")
+        return loss(self, *a, **k)
+
+    monkeypatch.setattr(critic.CriticTrainer, "compute_loss", stopping)
+    with pytest.raises(KeyboardInterrupt):
+        run_critic(params, tmp_path / "pairs.parquet", tmp_path / "out", tmp_path / "ckpt")
+    assert not (tmp_path / "out/model").exists()
+    capsys.readouterr()
+    monkeypatch.setattr(critic.CriticTrainer, "compute_loss", loss)
+    run_critic(params, tmp_path / "pairs.parquet", tmp_path / "out", tmp_path / "ckpt")
+    assert "critic: resuming from its checkpoint at step 20" in capsys.readouterr().out
+    weights = [hashlib.sha256((tmp_path / d / "model/model.safetensors").read_bytes()).hexdigest() for d in ("whole", "out")]
+    assert weights[0] == weights[1]
+    assert (tmp_path / "out/loss.json").read_text() == (tmp_path / "whole/loss.json").read_text()
+    assert not list((tmp_path / "ckpt").rglob("checkpoint-*"))

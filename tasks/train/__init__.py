@@ -96,14 +96,27 @@ def _drawn(rows: pl.DataFrame, n: int, seed: int) -> list[str]:
     return sorted(ids, key=lambda i: hashlib.sha256(f"{seed}:{i}".encode()).digest())[:n]
 
 
-def _method_store(checkpoint_dir: Path, name: str, inputs: str, method, cfg, seed: int) -> Path:
-    """This method's checkpoint folder for these inputs; folders for other inputs are stale, so removed."""
-    config = {"inputs": inputs, "method": method.model_dump(), "config": cfg.model_dump(mode="json"), "seed": seed}
+def checkpoint_store(checkpoint_dir: Path, name: str, config: dict) -> Path:
+    """`name`'s checkpoint folder for this config (its inputs' digests, settings and seed);
+    folders for another config are stale, so removed."""
     key = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
     for stale in (checkpoint_dir / name).glob("*"):
         if stale.name != key:
             shutil.rmtree(stale)
     return checkpoint_dir / name / key
+
+
+def path_digest(path: str | Path) -> str:
+    """The digest of a file, or of a directory's files (a model), with the path itself (a hub
+    name where no such path exists)."""
+    base = Path(path)
+    if base.is_file():
+        return _file_digest([base], base.parent) + str(path)
+    return _file_digest(sorted(p for p in base.rglob("*") if p.is_file()), base) + str(path)
+
+
+def _method_store(checkpoint_dir: Path, name: str, inputs: str, method, cfg, seed: int) -> Path:
+    return checkpoint_store(checkpoint_dir, name, {"inputs": inputs, "method": method.model_dump(), "config": cfg.model_dump(mode="json"), "seed": seed})
 
 
 def _write_loss(out_dir: Path, name: str, points: list[dict]) -> None:
@@ -151,10 +164,8 @@ def run_train(
     if ranks > 1:
         metrics["world_size"] = ranks
     if checkpoint_dir is not None:
-        base = Path(tp.base_model)
-        files = sorted(p for p in base.rglob("*") if p.is_file())
         hindsight = [Path(relabels), Path(trajectories)] if leap else []
-        inputs = "".join(_file_digest([p], p.parent) for p in [training, *hindsight]) + _file_digest(files, base) + tp.base_model
+        inputs = "".join(_file_digest([p], p.parent) for p in [training, *hindsight]) + path_digest(tp.base_model)
     for name, method in tp.methods.items():
         t_method = time.time()
         cfg = tp.config_for(method)

@@ -24,7 +24,7 @@ from tasks.params import Params, load_params
 # stage: (its function as "module:name", its arguments after params from the parsed options)
 STAGES = {
     "train": ("tasks.train:run_train", lambda a: (a.training, a.out, a.checkpoint_dir, a.relabels, (a.trajectories or [None])[0])),
-    "critic": ("tasks.critic:run_critic", lambda a: (a.training, a.out)),
+    "critic": ("tasks.critic:run_critic", lambda a: (a.training, a.out, a.checkpoint_dir)),
     "actor": ("tasks.actor:run_actor", lambda a: (a.training, a.trajectories, a.summaries, a.out)),
     "stepagent": ("tasks.stepagent:run_stepagent", lambda a: (a.training, a.out)),
 }
