@@ -33,10 +33,13 @@ STAGE_FLOWS = {
     "expert": "flows.expert:expert_flow",
     "practice": "flows.practice:practice_flow",
     "stepagent": "flows.stepagent:stepagent_flow",
+    "stepagent_iteration": "flows.stepagent_iteration:stepagent_iteration_flow",  # foreach: `stepagent_iteration@K`
+    "stepagent_select": "flows.stepagent_select:stepagent_select_flow",
     "train": "flows.train:train_flow",
     "evaluate": "flows.evaluate:evaluate_flow",
     "iteration": "flows.iteration:iteration_flow",  # dvc.yaml's foreach: `iteration@K`
 }
+FOREACH = ("iteration", "stepagent_iteration")  # dvc.yaml's foreach groups: one stage per iteration K
 
 
 def _stage_flow(group: str):
@@ -244,10 +247,10 @@ def results(
 def stage_cmd(name: str) -> None:
     """Run one stage's flow in this process (the `cmd` of each dvc.yaml stage; `group@key` for a foreach item)."""
     group, _, key = name.partition("@")
-    if group not in STAGE_FLOWS or bool(key) != (group == "iteration"):
-        _fail(f"unknown stage '{name}' (stages: {', '.join(STAGE_FLOWS)}; iteration as iteration@K)")
+    if group not in STAGE_FLOWS or bool(key) != (group in FOREACH):
+        _fail(f"unknown stage '{name}' (stages: {', '.join(STAGE_FLOWS)}; {' and '.join(FOREACH)} as {group if group in FOREACH else 'iteration'}@K)")
     if key and not key.isdigit():
-        _fail(f"unknown stage '{name}': iteration@K takes a number")
+        _fail(f"unknown stage '{name}': {group}@K takes a number")
     stage_flow, parameters = _stage_flow(group), ({"iteration": int(key)} if key else {})
     import logging
 

@@ -394,8 +394,9 @@ class IlqlParams(Strict):
 
 
 class MethodParams(Strict):
-    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "ilql", "leap"]  # leap: relabel's counterfactuals, not the table
-    data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out
+    # leap: relabel's counterfactuals, not the table; eto: the expert's trajectories against collect's failures, not the table
+    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "ilql", "leap", "rft", "eto"]
+    data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out (rft: always)
     # HOPE's alpha: the regenerations' share of this method's rows (tasks/train: training_rows); null: every row
     alpha: float | None = Field(None, ge=0, lt=1)
     top_fraction: float = Field(0.25, gt=0, le=1)  # filtered_bc only
@@ -404,6 +405,20 @@ class MethodParams(Strict):
     # the logged ones (HR: 5, originals included); with too few, every regeneration. null: off
     aggregate_multiple: float | None = Field(None, ge=1)
     learning_rate: float | None = Field(None, gt=0)  # this method's own; null: train.learning_rate
+    # rft only: a success is a weight (the reward scaled to [0, 1] over the environment's range) at
+    # least this; null: the environment's own win rule on the labelled reward (Environment.won)
+    success_threshold: float | None = Field(None, ge=0, le=1)
+    beta: float | None = Field(None, gt=0)  # eto only: DPO's beta; null: ETO's 0.1 (its later iterations 0.5)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _rft_is_logged(cls, raw):
+        # RFT clones the policy's own rollouts: the regenerations are not, so its default is logged.
+        if isinstance(raw, dict) and raw.get("algorithm") == "rft":
+            if raw.get("data", "logged") != "logged" or raw.get("alpha") is not None or raw.get("aggregate_multiple") is not None:
+                raise ValueError("rft clones the policy's own successful rollouts, the logged rows: data: all, alpha and aggregate_multiple do not apply to it")
+            raw = {**raw, "data": "logged"}
+        return raw
 
     @model_validator(mode="after")
     def _alpha_needs_hindsight(self) -> MethodParams:
@@ -417,7 +432,15 @@ class MethodParams(Strict):
             raise ValueError(f"ilql settings apply to algorithm ilql only, not {self.algorithm}")
         if self.algorithm == "leap" and (self.alpha is not None or self.aggregate_multiple is not None or self.data != "all"):
             raise ValueError("leap trains on relabel's counterfactuals, not on the training table's rows: data, alpha and aggregate_multiple do not apply to it")
+        if self.algorithm == "eto" and (self.alpha is not None or self.aggregate_multiple is not None or self.data != "all"):
+            raise ValueError("eto trains on the expert's and collect's trajectories, not on the training table's rows: data, alpha and aggregate_multiple do not apply to it")
+        for key, algorithm in (("success_threshold", "rft"), ("beta", "eto")):
+            if getattr(self, key) is not None and self.algorithm != algorithm:
+                raise ValueError(f"{key} applies to algorithm {algorithm} only, not {self.algorithm}")
         return self
+
+
+ETO_BETA = 0.1  # ETO's first iteration (Song et al. 2024); StepAgent gives none
 
 
 class MethodConfig(Strict):
@@ -429,6 +452,8 @@ class MethodConfig(Strict):
     deepspeed: str | None
     top_fraction: float
     ilql: IlqlParams = IlqlParams()
+    success_threshold: float | None = None
+    beta: float = ETO_BETA
     max_loss_ratio: float | None
     checkpoint_steps: int
     checkpoint_dir: Path | None = None  # where this method's run checkpoints; set by run_train
@@ -457,7 +482,8 @@ class TrainStageParams(TrainParams):
             shared = shared.model_copy(update={"learning_rate": method.learning_rate})
         return MethodConfig(
             train=shared, norm=self.norm, push_down_floor=self.push_down_floor, deepspeed=self.deepspeed, top_fraction=method.top_fraction,
-            ilql=method.ilql or IlqlParams(), max_loss_ratio=self.max_loss_ratio, checkpoint_steps=self.checkpoint_steps,
+            ilql=method.ilql or IlqlParams(), success_threshold=method.success_threshold, beta=method.beta or ETO_BETA,
+            max_loss_ratio=self.max_loss_ratio, checkpoint_steps=self.checkpoint_steps,
         )
 
 
@@ -492,15 +518,15 @@ class PracticeParams(Strict):
     batch_size: int = Field(512, ge=1)  # prompts generated together
 
 
-STEPAGENT_VARIANTS = ("implicit",)  # built; inverse (Eq. 9-11, the discriminator and PPO) is issue 42's item 5
+STEPAGENT_VARIANTS = ("implicit", "inverse")
 
 
 class StepAgentParams(Strict):
     """The stepagent stage (tasks/stepagent.py): StepAgent's reflection on the practice pairs."""
 
     # implicit: step-level DPO of the expert's action over the agent's (Eq. 6); inverse: a
-    # discriminator's log D as a step reward for PPO (Eq. 9-11), not built yet
-    variant: Literal["implicit", "inverse"] = "implicit"
+    # discriminator's log D as a step reward for PPO, alternating per batch (Eq. 9-11, Algorithm 1)
+    variant: Literal[STEPAGENT_VARIANTS] = "implicit"
     base_model: str = "data/bootstrap/model"  # the starting weights, and DPO's frozen reference pi_ref: the policy that practised
     # Eq. 6's beta; StepAgent gives none. ETO, whose setup it follows: 0.1 in iteration 1, 0.5 after
     beta: float = Field(0.1, gt=0)
@@ -510,15 +536,18 @@ class StepAgentParams(Strict):
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     bf16: bool | Literal["auto"] = "auto"
-    max_loss_ratio: float | None = Field(10.0, gt=1)
+    max_loss_ratio: float | None = Field(10.0, gt=1)  # implicit's (LossGuard); inverse stops on a NaN/inf loss only
     deepspeed: str | None = "tasks/train/deepspeed_zero3.json"  # as train.deepspeed: GPUs and multi-rank runs
     nproc_per_node: int = Field(1, ge=1)  # > 1: the stage relaunches itself under torchrun, as train does
-
-    @model_validator(mode="after")
-    def _built(self) -> StepAgentParams:
-        if self.variant not in STEPAGENT_VARIANTS:
-            raise ValueError(f"variant {self.variant} is not built yet (StepAgent-Inverse: issue 42, item 5); built: {', '.join(STEPAGENT_VARIANTS)}")
-        return self
+    # inverse only (tasks/train/stepagent_inverse.py, ppo.py, discriminator.py). StepAgent gives none
+    # of these; learning_rate is the policy's, epochs and batch_size count practice rows.
+    discriminator_learning_rate: float = Field(1.0e-4, gt=0)  # the critic's: the same model, policy body and scalar head
+    ppo_epochs: int = Field(4, ge=1)  # PPO steps per batch (TRL's and CleanRL's 4)
+    clip_epsilon: float = Field(0.2, gt=0, lt=1)  # PPO's ratio clip (PPO paper and TRL: 0.2)
+    kl_coef: float = Field(0.05, ge=0)  # per-token KL to pi_ref in the loss (TRL PPO's 0.05)
+    value_coef: float = Field(0.1, ge=0)  # the value head's loss weight on the shared body (TRL's vf_coef 0.1)
+    reward_floor: float = Field(-5.0, lt=0)  # log D no lower: D = e^-5 = 0.7% is as sure as "the agent's" counts (log 0 = -inf)
+    whiten_advantages: bool = True  # (r - V) standardised per global batch, as TRL and CleanRL do
 
 
 class BestOfNParams(Strict):
@@ -557,6 +586,26 @@ def iteration_dir(i: int) -> str:
     return "data" if i == 1 else f"data/iteration{i}"
 
 
+class StepAgentIterationParams(Strict):
+    """One of StepAgent's later iterations (Algorithm 1's outer loop, i >= 2): DVC's foreach item."""
+
+    policy: str  # the previous iteration's policy: data/stepagent/model for 2, data/iteration<i-1>/stepagent/model after
+    beta: float | None = Field(None, gt=0)  # this iteration's Eq. 6 beta; null: stepagent.beta (ETO: 0.1 in iteration 1, 0.5 after)
+
+
+class StepAgentSelectParams(Strict):
+    """The stepagent_select stage (tasks/stepagent_select.py)."""
+
+    # the last iteration's policy, data/iteration<K>/stepagent/model (data/stepagent/model with no
+    # stepagent_iterations): DVC cannot compute it, and as this stage's dep it runs every iteration first
+    last: str = "data/stepagent/model"
+
+
+def stepagent_policy(i: int) -> str:
+    """StepAgent's policy after iteration i."""
+    return f"{iteration_dir(i)}/stepagent/model"
+
+
 # What quick_look may size: the stages dvc.yaml reruns when limit_tasks or quick_look change.
 QUICK_LOOK_SIZES = ("bootstrap", "collect", "critic", "actor", "evaluate")
 
@@ -592,6 +641,11 @@ class Params(Strict):
     # HOPE's iterations after the first (the stages collect ... actor are iteration 1), by number
     # from 2, each collecting with the previous iteration's actor: dvc.yaml's `iteration` foreach.
     iterations: dict[int, IterationParams] = {}
+    # StepAgent's iterations after the first (expert, practice and stepagent are iteration 1), by
+    # number from 2, each practising and reflecting from the previous one's policy: dvc.yaml's
+    # `stepagent_iteration` foreach, into data/iterationK/practice and data/iterationK/stepagent.
+    stepagent_iterations: dict[int, StepAgentIterationParams] = {}
+    stepagent_select: StepAgentSelectParams = StepAgentSelectParams()
 
 
     @model_validator(mode="before")
@@ -615,7 +669,7 @@ class Params(Strict):
                     data[stage] = {**section, "limit_tasks": data["limit_tasks"]}
         return data
 
-    @field_validator("iterations", mode="before")
+    @field_validator("iterations", "stepagent_iterations", mode="before")
     @classmethod
     def _iteration_keys_are_strings(cls, value):
         if isinstance(value, dict) and (numbers := [k for k in value if not isinstance(k, str)]):
@@ -629,6 +683,19 @@ class Params(Strict):
                 raise ValueError(f"iterations: '{key}' where iteration {k} belongs (they count 2, 3, ... in order; 1 is the stages collect ... actor)")
             if it.policy != f"{iteration_dir(k - 1)}/actor/model":
                 raise ValueError(f"iterations.{key}.policy: {it.policy}, but iteration {k} collects with iteration {k - 1}'s actor, {iteration_dir(k - 1)}/actor/model")
+        return self
+
+    @model_validator(mode="after")
+    def _stepagent_iterations_follow_each_other(self) -> Params:
+        for k, (key, it) in enumerate(self.stepagent_iterations.items(), start=2):
+            if key != k:
+                raise ValueError(f"stepagent_iterations: '{key}' where iteration {k} belongs (they count 2, 3, ... in order; 1 is the stages expert, practice and stepagent)")
+            if it.policy != stepagent_policy(k - 1):
+                raise ValueError(f"stepagent_iterations.{key}.policy: {it.policy}, but iteration {k} practises with iteration {k - 1}'s policy, {stepagent_policy(k - 1)}")
+        last = stepagent_policy(max(self.stepagent_iterations, default=1))
+        if self.stepagent_select.last != last:
+            raise ValueError(f"stepagent_select.last: {self.stepagent_select.last}, but the last StepAgent iteration's policy is {last}: "
+                             f"set stepagent_select.last to {last} (the stage's DVC dependency, which runs every iteration before it)")
         return self
 
     @model_validator(mode="after")

@@ -180,6 +180,9 @@ ELSEWHERE = {
     "retrosight run -S env.name=X -S limit_tasks=2": "tests/test_env_pipelines.py",  # at the tiny size, on every environment
     "retrosight run -S +iterations.2.policy=data/actor/model": "tests/test_iterations.py",  # HOPE's second iteration
     "retrosight run iteration@2 --force --only": "tests/test_iterations.py",  # then its rerun alone
+    "retrosight run -S +stepagent_iterations.2.policy=data/stepagent/model -S stepagent_select.last=data/iteration2/stepagent/model":
+        "tests/test_stepagent_iterations.py",  # StepAgent's second iteration
+    "retrosight run stepagent_iteration@2 --force --only": "tests/test_stepagent_iterations.py",  # then its rerun alone
 }
 TABLE: list[tuple[str, str]] = [
     # a command named alone in prose: another group runs it with its arguments

@@ -317,9 +317,6 @@ def test_a_quick_look_limits_the_experts_tasks_and_its_own_limit_wins():
 
 def test_the_variant_is_checked():
     raw = tiny_params()
-    raw["stepagent"]["variant"] = "inverse"
-    with pytest.raises(ValueError, match="variant inverse is not built yet \\(StepAgent-Inverse: issue 42, item 5\\); built: implicit"):
-        Params.model_validate(raw)
     raw["stepagent"]["variant"] = "explicit"
     with pytest.raises(ValueError, match="stepagent.variant"):
         Params.model_validate(raw)

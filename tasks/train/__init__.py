@@ -14,6 +14,10 @@ The directory is removed once the stage has succeeded.
 With train.nproc_per_node > 1 the stage runs on that many ranks under torchrun (distributed.py):
 every rank trains, DeepSpeed shards the model across them, rank 0 alone writes. Resuming is
 single-process only: a multi-rank run trains every method from the start.
+
+Two methods read other tables than the training table: leap (relabel's counterfactuals at their
+logged states) and eto (the expert stage's trajectories against collect's failures, paired once
+for every eto method). rft reads the environment's win rule (Environment.won).
 """
 from __future__ import annotations
 
@@ -35,9 +39,12 @@ from tasks.train.sft import TrainingDiverged, latest_checkpoint
 
 
 def algorithms() -> dict:
-    from tasks.train import filtered_bc, ilql, leap, refit, sft, swift
+    from tasks.train import eto, filtered_bc, ilql, leap, refit, rft, sft, swift
 
-    return {"sft": sft.train, "refit": refit.train, "swift": swift.train, "filtered_bc": filtered_bc.train, "ilql": ilql.train, "leap": leap.train}
+    return {
+        "sft": sft.train, "refit": refit.train, "swift": swift.train, "filtered_bc": filtered_bc.train, "ilql": ilql.train, "leap": leap.train,
+        "rft": rft.train, "eto": eto.train,
+    }
 
 
 def _file_digest(paths: list[Path], root: Path) -> str:
@@ -135,23 +142,42 @@ def leap_rows(params, checked: StageInputs, relabels: Path | None, trajectories:
     return leap.counterfactuals(params.env.environment(), ok_relabels(checked, relabels, parents, str(trajectories)), parents)
 
 
+def eto_pairs(checked: StageInputs, expert: Path, trajectories: Path) -> tuple[list[dict], dict]:
+    """ETO's (expert, failure) pairs, once for every eto method, and the pairing's counts
+    (tasks/train/eto.py)."""
+    from storage.schema import from_table
+    from tasks.train import eto
+
+    return eto.pairs(from_table(checked.read(expert, "trajectories")), from_table(checked.read(trajectories, "trajectories")))
+
+
 def run_train(
     params, training: Path, out_dir: Path, checkpoint_dir: Path | None = None, relabels: Path | None = None, trajectories: Path | None = None,
+    expert: Path | None = None,
 ) -> dict:
     """Writes out_dir/models/<method>/ (HF model directories), out_dir/loss/<method>.json and
     out_dir/metrics.json. With checkpoint_dir, resumes a killed run (see the module's docstring).
     Raises TrainingDiverged, naming the method, when a loss turns NaN/inf or diverges.
     With train.nproc_per_node > 1, relaunches itself on that many ranks (distributed.py). A leap
-    method also reads `relabels` and the `trajectories` they were proposed on."""
+    method also reads `relabels` and the `trajectories` they were proposed on; an eto method the
+    `expert` stage's trajectories and collect's `trajectories`."""
     t0 = time.time()
     tp = params.train
     leap = any(m.algorithm == "leap" for m in tp.methods.values())
+    eto = any(m.algorithm == "eto" for m in tp.methods.values())
     if leap and (relabels is None or trajectories is None):
         raise ValueError("train: a leap method learns relabel's counterfactuals; pass the relabels table and the trajectories they "
                          "were proposed on (the stage reads data/relabel/relabels.parquet and data/collect/trajectories.parquet)")
-    hindsight_inputs = {"relabels": relabels, "trajectories": [trajectories]} if leap else {}
+    if eto and (expert is None or trajectories is None):
+        raise ValueError("train: an eto method pairs the expert's trajectories with the policy's failures; pass the expert table and "
+                         "collect's trajectories (the stage reads data/expert/trajectories.parquet and data/collect/trajectories.parquet)")
+    other_inputs = {"relabels": relabels} if leap else {}  # the ranks' options (launch.py)
+    if eto:
+        other_inputs["expert"] = expert
+    if leap or eto:
+        other_inputs["trajectories"] = [trajectories]
     if tp.nproc_per_node > 1 and not torch.distributed.is_torchelastic_launched():
-        return distributed.launch(params, training, out_dir, checkpoint_dir, tp.nproc_per_node, inputs=hindsight_inputs)
+        return distributed.launch(params, training, out_dir, checkpoint_dir, tp.nproc_per_node, inputs=other_inputs)
     main, ranks = rank() == 0, world_size()
     if ranks > 1 and checkpoint_dir is not None:
         if main:
@@ -160,12 +186,14 @@ def run_train(
     checked = StageInputs()
     table = checked.read_polars(training, "training")
     counterfactuals = leap_rows(params, checked, relabels, trajectories) if leap else []
+    comparisons, pairing = eto_pairs(checked, expert, trajectories) if eto else ([], {})
+    won = params.env.environment().won if any(m.algorithm == "rft" and m.success_threshold is None for m in tp.methods.values()) else None
     metrics: dict = {"inputs": checked.write(out_dir) if main else {}, "base_model": tp.base_model, "rows": table.height, "methods": {}}
     if ranks > 1:
         metrics["world_size"] = ranks
     if checkpoint_dir is not None:
-        hindsight = [Path(relabels), Path(trajectories)] if leap else []
-        inputs = "".join(_file_digest([p], p.parent) for p in [training, *hindsight]) + path_digest(tp.base_model)
+        others = [*([Path(relabels)] if leap else []), *([Path(expert)] if eto else []), *([Path(trajectories)] if leap or eto else [])]
+        inputs = "".join(_file_digest([p], p.parent) for p in [training, *others]) + path_digest(tp.base_model)
     for name, method in tp.methods.items():
         t_method = time.time()
         cfg = tp.config_for(method)
@@ -185,6 +213,8 @@ def run_train(
                 print(f"train {name}: resuming from its checkpoint at step {resume.name.rsplit('-', 1)[1]}", flush=True)
         if method.algorithm == "leap":  # every counterfactual, and no row of the training table
             data, mix = counterfactuals, {"rows_logged": 0, "rows_hindsight": len(counterfactuals), "hindsight_share": 1.0 if counterfactuals else None}
+        elif method.algorithm == "eto":  # logged trajectories both sides, and no row of the training table
+            data, mix = comparisons, {"rows_logged": len(comparisons), "rows_hindsight": 0, "hindsight_share": 0.0 if comparisons else None, **pairing}
         else:
             data, mix = training_rows(table, method, params.seed)
         set_seed(params.seed)
@@ -192,10 +222,11 @@ def run_train(
         tokenizer = AutoTokenizer.from_pretrained(tp.base_model)
         model = AutoModelForCausalLM.from_pretrained(tp.base_model, dtype=torch.float32)
         if main:
-            what = "counterfactuals" if method.algorithm == "leap" else "trajectories"
+            what = {"leap": "counterfactuals", "eto": "(expert, failure) pairs"}.get(method.algorithm, "trajectories")
             print(f"train {name}: {method.algorithm} on {len(data)} {what} ({mix['rows_logged']} logged, {mix['rows_hindsight']} hindsight)", flush=True)
         try:
-            result = algorithms()[method.algorithm](model, tokenizer, data, cfg, params.seed)
+            extra = {"won": won} if method.algorithm == "rft" else {}  # rft: what a success is, by the environment's rule
+            result = algorithms()[method.algorithm](model, tokenizer, data, cfg, params.seed, **extra)
         except TrainingDiverged as e:
             e.method = name
             raise

@@ -24,7 +24,11 @@ def select(table: pl.DataFrame, top_fraction: float) -> pl.DataFrame:
     return top.filter(pl.col("reward") > floor) if rated["reward"].max() > floor else top
 
 
-def train(model, tokenizer, table, cfg, seed: int) -> dict:
-    kept = select(table, cfg.top_fraction)
+def clone(model, tokenizer, table: pl.DataFrame, kept: pl.DataFrame, cfg, seed: int) -> dict:
+    """Plain SFT on `kept`, the rows of `table` a filter chose (RFT's too); the rest are counted."""
     result = sft.train(model, tokenizer, kept, cfg, seed)
     return {**result, "rows_skipped": table.height - kept.height, "min_reward_kept": kept["reward"].min()}
+
+
+def train(model, tokenizer, table, cfg, seed: int) -> dict:
+    return clone(model, tokenizer, table, select(table, cfg.top_fraction), cfg, seed)

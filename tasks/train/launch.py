@@ -23,7 +23,7 @@ from tasks.params import Params, load_params
 
 # stage: (its function as "module:name", its arguments after params from the parsed options)
 STAGES = {
-    "train": ("tasks.train:run_train", lambda a: (a.training, a.out, a.checkpoint_dir, a.relabels, (a.trajectories or [None])[0])),
+    "train": ("tasks.train:run_train", lambda a: (a.training, a.out, a.checkpoint_dir, a.relabels, (a.trajectories or [None])[0], a.expert)),
     "critic": ("tasks.critic:run_critic", lambda a: (a.training, a.out, a.checkpoint_dir)),
     "actor": ("tasks.actor:run_actor", lambda a: (a.training, a.trajectories, a.summaries, a.out)),
     "stepagent": ("tasks.stepagent:run_stepagent", lambda a: (a.training, a.out)),
@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--checkpoint-dir", type=Path, default=None)
     ap.add_argument("--relabels", type=Path, default=None, help="train, for leap methods: data/relabel/relabels.parquet")
     ap.add_argument("--trajectories", type=Path, nargs="+", default=None,
-                    help="train (leap): the trajectories relabelled (data/collect/trajectories.parquet); actor: collect's and regenerate's")
+                    help="train (leap, eto): collect's trajectories (data/collect/trajectories.parquet); actor: collect's and regenerate's")
+    ap.add_argument("--expert", type=Path, default=None, help="train, for eto methods: data/expert/trajectories.parquet")
     ap.add_argument("--summaries", type=Path, default=None, help="actor: data/summarize/summaries.parquet")
     args = ap.parse_args(argv)
     if not torch.distributed.is_torchelastic_launched():
