@@ -1,7 +1,7 @@
-"""The miniature reproduction: does hindsight data help? Held-out success and return over seeds.
+"""The miniature reproductions: held-out success and return over seeds, arm against arm.
 
     python bench/hindsight_repro.py [--preset bench/presets/hope_20q.yaml] [--seeds 0 1 2]
-                                    [--out bench/out/repro] [--set relabel.n=2 ...]
+                                    [--out bench/out/repro] [--set relabel.n=2 ...] [--stepagent]
 
 For each seed, runs every stage (bootstrap -> collect -> forward -> summarize -> relabel ->
 regenerate -> label -> standardize -> HOPE's buffer, critic and actor, and again without
@@ -26,7 +26,10 @@ policy (a bootstrap stage's output, trained there first with seed 0's params whe
 and a seed is to run; --base alone: bench/out/base/<preset's name>),
 so seeds vary the logged data, hindsight, training and evaluation episodes around one base.
 --no-actor-critic leaves HOPE's buffer, critic and actor out (HR's miniature,
-bench/presets/hr_persuasion.yaml, compares training arms only). With roles.forward.backend
+bench/presets/hr_persuasion.yaml, compares training arms only). --stepagent runs StepAgent's
+miniature instead of hindsight and HOPE's actor-critic: bootstrap -> collect -> label ->
+standardize -> expert -> practice -> StepAgent-Implicit and -Inverse from the same practice pairs
+-> train (the preset's arms: RFT, ETO) -> evaluate, StepAgent's variants measured against ETO. With roles.forward.backend
 learned, each seed's forward stage trains HR's forward models on its own logged dialogues and
 regenerate uses them.
 """
@@ -50,7 +53,8 @@ from flows.report import ARM_SEED_TEMPLATE, arm_seed_spec  # noqa: E402
 from tasks.evaluate import mean_se  # noqa: E402
 from tasks.params import Params, lay_preset, read_preset  # noqa: E402
 
-STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_prm", "train", "evaluate"]
+STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "label", "standardize", "buffer", "critic", "actor", "buffer_prm",
+          "critic_prm", "actor_prm", "expert", "practice", "stepagent", "stepagent_inverse", "train", "evaluate"]
 
 
 def override(raw: dict, assignment: str) -> None:
@@ -66,25 +70,32 @@ def override(raw: dict, assignment: str) -> None:
 UPSTREAM = ["bootstrap", "collect", "summarize"]
 DEFAULT_BASE = Path("<default>")  # --base with no DIR: bench/out/base/<preset's name>
 ACTOR_CRITIC = ("buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_prm")
+STEPAGENT = ("expert", "practice", "stepagent", "stepagent_inverse")
+# StepAgent's miniature needs no hindsight: RFT and ETO learn from the logged games as collected
+HINDSIGHT = ("forward", "summarize", "relabel", "regenerate")
 
 
 def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM, base: Path | None = None,
-             skip: tuple[str, ...] = ()) -> dict:
+             skip: tuple[str, ...] = STEPAGENT) -> dict:
     from tasks.actor import run_actor
     from tasks.bootstrap import run_bootstrap
     from tasks.buffer import run_buffer
     from tasks.collect import run_collect
     from tasks.critic import run_critic
     from tasks.evaluate import run_evaluate
+    from tasks.expert import run_expert
     from tasks.forward import run_forward
     from tasks.label import run_label
+    from tasks.practice import run_practice
     from tasks.regenerate import run_regenerate
     from tasks.relabel import run_relabel
     from tasks.standardize import run_standardize
+    from tasks.stepagent import run_stepagent
     from tasks.summarize import run_summarize
     from tasks.train import run_train
 
-    trajectories = [d / "collect/trajectories.parquet", d / "regenerate/trajectories.parquet"]
+    trajectories = [d / "collect/trajectories.parquet", *([] if "regenerate" in skip else [d / "regenerate/trajectories.parquet"])]
+    inverse = params.model_copy(update={"stepagent": params.stepagent.model_copy(update={"variant": "inverse"})})
     prm = params.model_copy(update={
         "buffer": params.buffer.model_copy(update={"alpha": 0.0}),
         "actor": params.actor.model_copy(update={"critic": str(d / "critic_prm/model")}),
@@ -105,9 +116,15 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
         "buffer_prm": lambda: run_buffer(prm, trajectories, d / "buffer_prm"),
         "critic_prm": lambda: run_critic(prm, d / "buffer_prm/pairs.parquet", d / "critic_prm", d / "critic_prm_checkpoints"),
         "actor_prm": lambda: run_actor(prm, d / "buffer_prm/pairs.parquet", trajectories, d / "summarize/summaries.parquet", d / "actor_prm"),
+        # StepAgent: the expert's trajectories, practice at their prefixes, Implicit and Inverse from the same pairs
+        "expert": lambda: run_expert(params, d / "expert"),
+        "practice": lambda: run_practice(params, d / "expert/trajectories.parquet", d / "practice"),
+        "stepagent": lambda: run_stepagent(params, d / "practice/pairs.parquet", d / "stepagent"),
+        "stepagent_inverse": lambda: run_stepagent(inverse, d / "practice/pairs.parquet", d / "stepagent_inverse"),
         # with checkpoints, a seed stopped mid-train resumes each method where it stopped (the longest stage)
         "train": lambda: run_train(params, d / "standardize/train.parquet", d / "train", d / "train_checkpoints",
-                                   relabels=d / "relabel/relabels.parquet", trajectories=trajectories[0]),
+                                   relabels=d / "relabel/relabels.parquet", trajectories=trajectories[0],
+                                   expert=d / "expert/trajectories.parquet" if "expert" not in skip else None),
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate", d / "evaluate_checkpoints"),  # resumes policy by policy
     }
     for stage in STAGES:
@@ -237,6 +254,8 @@ def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict) 
     # HOPE against PRM+RL: the critic (and the actor it trains) with hindsight against without
     for name in first["policies"]:
         against[name] = "actor_prm" if name == "actor" else f"{name}[prm]" if "+best_of_" in name and not name.endswith("]") else against.get(name)
+    for name in ("stepagent", "stepagent_inverse"):  # StepAgent's variants against ETO, as its Table 2
+        against[name] = "eto"
     def over_seeds(name: str, base: str) -> dict:
         a = {(s, *k): v for s in seeds for k, v in episodes[s][name].items()}
         b = {(s, *k): v for s in seeds for k, v in episodes[s][base].items()}
@@ -276,7 +295,8 @@ def show(table: dict, sets: list[str], preset: Path | None) -> None:
                         f"{row[s]['mean_return']['mean']:>12.2f} ± {row[s]['mean_return']['se']:.2f}" for s in splits)
         print(f"{name:<{w}}{cells}  " + " ".join(f"{x:.3f}" for x in row["heldout"]["success_rate"]["by_seed"]))
     if table["paired"]:
-        print("\nHindsight arm minus its logged-only arm (HOPE's critic and actor: minus PRM+RL's), paired over the same episodes (95% interval):")
+        print("\nEach arm minus the one it is measured against (a hindsight arm: its logged-only arm; HOPE's critic and actor: PRM+RL's; "
+              "StepAgent's: ETO), paired over the same episodes (95% interval):")
         for name, p in table["paired"].items():
             cells = "; ".join(
                 f"{s} success {p[s]['success']['diff']:+.3f} [{p[s]['success']['ci95'][0]:+.3f}, {p[s]['success']['ci95'][1]:+.3f}], "
@@ -334,6 +354,9 @@ def main() -> None:
                     help="one bootstrap output (DIR/model, ...) every seed starts from, instead of its own; trained there with seed 0's "
                          "params when missing (default DIR: bench/out/base/<preset's name>)")
     ap.add_argument("--no-actor-critic", action="store_true", help="leave out HOPE's buffer, critic and actor, with and without hindsight (HR's miniature)")
+    ap.add_argument("--stepagent", action="store_true",
+                    help="StepAgent's miniature: expert, practice, Implicit and Inverse beside the train methods (RFT, ETO), "
+                         "without hindsight or HOPE's actor-critic")
     args = ap.parse_args()
     if args.base == DEFAULT_BASE:
         args.base = ROOT / "bench/out/base" / (args.preset.stem if args.preset else "params")
@@ -343,22 +366,28 @@ def main() -> None:
         raw = yaml.safe_load((ROOT / "params.yaml").read_text())
         if args.preset:
             lay_preset(raw, read_preset(args.preset))
-        # StepAgent's stages are not among this bench's (left out, as a seed saved before them reads)
-        for s in ["evaluate.stepagent=null", *args.sets, f"seed={seed}"]:
+        # outside --stepagent, StepAgent's policy is not played (as a seed saved before it reads)
+        for s in [*([] if args.stepagent else ["evaluate.stepagent=null"]), *args.sets, f"seed={seed}"]:
             override(raw, s)
         return raw
 
     base_raw = seed_params(0) if args.base is not None else None
+    skip = ACTOR_CRITIC + HINDSIGHT if args.stepagent else ACTOR_CRITIC + STEPAGENT if args.no_actor_critic else STEPAGENT
     results, episodes, t_all = {}, {}, time.time()
     for seed in args.seeds:
         raw = seed_params(seed)
         plain = copy.deepcopy(raw)
         d = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
-        if args.no_actor_critic:
+        if args.no_actor_critic or args.stepagent:
             for s in ("evaluate.actor=null", "evaluate.extra={}", "evaluate.best_of_n.policies=[]"):
                 override(raw, s)
-        else:
+        if args.stepagent:  # the seed's base practises and starts both variants; evaluate plays Implicit's and Inverse's
+            override(raw, f"practice.model={d / 'bootstrap/model'}")
+            override(raw, f"stepagent.base_model={d / 'bootstrap/model'}")
+            override(raw, f"evaluate.stepagent={d / 'stepagent/model'}")
+            override(raw, f"evaluate.extra={{stepagent_inverse: {d / 'stepagent_inverse/model'}}}")
+        if not (args.no_actor_critic or args.stepagent):
             override(raw, f"critic.base_model={d / 'bootstrap/model'}")
             override(raw, f"evaluate.best_of_n.critic={d / 'critic/model'}")  # the seed's critic picks for best-of-N
             override(raw, f"actor.base_model={d / 'bootstrap/model'}")
@@ -387,7 +416,7 @@ def main() -> None:
         written.write_text(wanted)
         if args.base is not None and not done.exists():  # only a seed that runs needs the base: saved seeds read back without it
             make_base(args.base, base_raw)
-        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base, ACTOR_CRITIC if args.no_actor_critic else ())
+        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base, skip)
         episodes[seed] = episodes_of(d, results[seed])
         if args.results is not None:
             save_seed(args.results, seed, plain, base_raw, results[seed], episodes[seed])

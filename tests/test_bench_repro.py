@@ -58,6 +58,16 @@ def test_the_reproduction_preset_is_valid_params():
     assert p.env.environment().options.observation == "known" and p.bootstrap.demo_splits == ["train"]
 
 
+def test_the_stepagent_preset_is_rft_and_eto_from_the_shipped_base_played_greedily():
+    from tasks.params import Params
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    lay_preset(raw, yaml.safe_load((ROOT / "bench/presets/stepagent_20q.yaml").read_text()))
+    p = Params.model_validate(raw)
+    assert {m.algorithm for m in p.train.methods.values()} == {"rft", "eto"} and p.evaluate.sampling.temperature == 0
+    assert p.bootstrap.checkpoint == "auto" and p.evaluate.episodes_per_task == 1
+
+
 def test_a_preset_naming_another_environment_starts_from_its_defaults():
     raw = {"env": {"name": "twenty_questions", "max_turns": 20, "show_candidates": False}, "seed": 0}
     lay_preset(raw, {"env": {"name": "persuasion", "max_turns": 6}})
@@ -156,7 +166,7 @@ def test_repro_bench_small(tmp_path):
     assert p["episodes"] == len(diffs) > 0
     assert p["success"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-4)
     assert p["success"]["ci95"][0] <= p["success"]["diff"] <= p["success"]["ci95"][1]
-    assert "refit - refit_logged" in proc.stdout and "Hindsight arm minus its logged-only arm" in proc.stdout
+    assert "refit - refit_logged" in proc.stdout and "Each arm minus the one it is measured against" in proc.stdout
     # every policy against the base, over the same episodes
     assert set(table["versus_base"]) == set(table["policies"]) - {"bootstrap"}
     base_diffs = episode_diffs([out / "seed0", out / "seed1"], "actor", "bootstrap", "return")
@@ -179,3 +189,28 @@ def test_repro_bench_small(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-4000:]
     assert f"[seed 1] read back from {results}/seeds/seed1.json" in again.stdout and not (out / "seed1").exists()
     assert json.loads((results / "table.json").read_text()) == table  # the resumed seed 1's evaluation, kept
+
+
+@pytest.mark.system
+def test_stepagent_bench_small(tmp_path):
+    """--stepagent: expert, practice, Implicit and Inverse beside RFT and ETO, one seed; StepAgent's
+    variants are paired against ETO, every arm against the base, and no hindsight stage runs."""
+    preset = {**TINY, "collect": {**TINY["collect"], "splits": ["train"]}, "practice": {"prefixes": 8},
+              "stepagent": {"batch_size": 4},
+              "train": {"epochs": 1, "batch_size": 4, "methods": {"rft": {"algorithm": "rft"}, "eto": {"algorithm": "eto"}}}}
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset, sort_keys=False))
+    out, results = tmp_path / "runs", tmp_path / "results"
+    cmd = [sys.executable, str(ROOT / "bench/hindsight_repro.py"), "--stepagent", "--preset", str(tmp_path / "preset.yaml"),
+           "--seeds", "0", "--out", str(out), "--results", str(results), "--set", "cache.path=" + str(tmp_path / "cache.sqlite")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    table = json.loads((results / "table.json").read_text())
+    assert list(table["policies"]) == ["bootstrap", "rft", "eto", "stepagent", "stepagent_inverse"]
+    assert {n: p["against"] for n, p in table["paired"].items()} == {"stepagent": "eto", "stepagent_inverse": "eto"}
+    d = out / "seed0"
+    assert not [s for s in hindsight_repro.HINDSIGHT + hindsight_repro.ACTOR_CRITIC if (d / s).exists()]
+    assert json.loads((d / "stepagent_inverse/metrics.json").read_text())["variant"] == "inverse"
+    assert json.loads((d / "stepagent/metrics.json").read_text())["variant"] == "implicit"
+    assert set(json.loads((d / "train/metrics.json").read_text())["methods"]) == {"rft", "eto"}
+    diffs = episode_diffs([d], "stepagent_inverse", "eto", "return")
+    assert table["paired"]["stepagent_inverse"]["heldout"]["return"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-4)
