@@ -10,17 +10,22 @@ import pytest
 import yaml
 
 from conftest import BIN, ROOT, make_project, run
+from flows.common import stage_names
 
 pytestmark = pytest.mark.system
 
-STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "proposer", "label", "standardize", "buffer", "critic", "actor",
-          "expert", "practice", "stepagent", "train", "evaluate"]
+# dvc.yaml's stages, but the foreach groups' (iterations: none by default)
+STAGES = [s for s in stage_names(ROOT / "dvc.yaml") if "@" not in s]
 
 # Each environment's own -S keys, and room for its longest scripted action: a policy cut short of
-# its format writes nothing the environment can parse.
+# its format writes nothing the environment can parse. ScienceWorld: its real simulator (Java),
+# on the two lifespan types (gold paths of 3 and 4 actions) at 6 steps, not ETO's 10: a tiny
+# model's garbled turns run every episode to its limit.
 ENVIRONMENTS = {
     "guess_my_city": (["env.max_turns=6", "env.show_candidates=false"], 64),
     "car_dealer": (["env.max_turns=3"], 100),
+    "scienceworld": (["env.task_types=[lifespan-longest-lived,lifespan-shortest-lived]", "env.max_steps.lifespan-longest-lived=6",
+                      "env.max_steps.lifespan-shortest-lived=6"], 100),
 }  # persuasion: its documented command, as written (below)
 
 
@@ -68,6 +73,11 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
     experts = pq.read_table(repo / "data/expert/trajectories.parquet").to_pylist()
     assert len(experts) == 2 and {r["env"] for r in experts} == {name} and {r["policy_id"] for r in experts} == {"scripted:expert"}
     assert json.loads((repo / "data/practice/metrics.json").read_text())["samples"] > 0
+    if name == "scienceworld":  # its oracle hindsight roles read the turns against the task's gold path
+        summaries = pq.read_table(repo / "data/summarize/summaries.parquet").to_pylist()
+        assert all(r["summary"].startswith(f"Task {r['task_id']}: ") and "The gold path takes" in r["summary"] for r in summaries)
+        relabels = [r for r in pq.read_table(repo / "data/relabel/relabels.parquet").to_pylist() if r["status"] == "ok"]
+        assert relabels and all(r["counterfactual_action"] != r["original_action"] and r["rationale"] for r in relabels)
 
 
 def test_hrs_preset_runs_every_stage_on_persuasion_with_the_learned_forward_models_and_ilql(tmp_path):

@@ -3,9 +3,11 @@ score map, the step limit, the history knob, the scripted agents, the pool's rep
 JVM's death and the missing-Java error, all on real episodes recorded once
 (tests/data/scienceworld_episodes.json, written by `python -m envs.scienceworld.record
 tests/data/scienceworld_episodes.json`) with no
-JVM; then, in the system tier, the real simulator: a train variation's gold path played to 1.0
-through the environment interface, the table and the recording checked against it, a killed
-and a hung JVM, every JVM closed, and the one-line error of a run without Java."""
+JVM; the oracle hindsight roles and the LLM roles' parsers on hand-made turns; then, in the
+system tier, the real simulator: a train variation's gold path played to 1.0 through the
+environment interface, the table and the recording checked against it, a killed and a hung JVM,
+every JVM closed, the one-line error of a run without Java, and the proposer bringing an agent
+back to the gold path."""
 from __future__ import annotations
 
 import json
@@ -293,6 +295,16 @@ def test_the_noisy_and_random_agents_act_on_the_worlds_valid_actions():
         env.policies({"p_random": 0.6, "p_repeat": 0.6, "p_early_guess": 0.0})
 
 
+def test_a_finished_game_crosses_processes_without_its_pool():
+    import pickle
+
+    env, _ = recorded_env()
+    game, _, _ = expert_episode(env, "find-animal-0")
+    copy = pickle.loads(pickle.dumps(game))  # what evaluate's worker processes send back
+    assert (copy.success, copy.done, copy.turn, copy.score, copy.sim.actions) == (True, True, 7, 100, game.sim.actions)
+    assert copy.env._pool is None and copy.sim.pool is not env.pool and not copy.sim.pool.slots  # its own process's pool, no world held
+
+
 def test_the_gold_path_is_stored_or_generated_on_load_never_the_packages_error_string():
     env, backend = recorded_env()
     game = env.game(env.task("find-animal-0"))
@@ -335,6 +347,148 @@ def test_the_tokenizer_corpus_holds_the_prompts_and_thoughts():
     corpus = env.tokenizer_corpus()
     assert any("Thought: <your reasoning>" in c for c in corpus) and "find-animal" in corpus
     assert env.reward_range == (0.0, 1.0) and env.won(1.0) and not env.won(0.99)
+
+
+# ---- the oracle hindsight roles and their LLM prompts, on hand-made states ----
+
+GOLD = ["open door to greenhouse", "go to greenhouse", "open door to outside", "go to outside", "look around", "focus on dove",
+        "pick up dove", "open door to kitchen", "go to kitchen", "move dove to red box"]
+FIRST = "This room is called the hallway. In it, you see: \n\tthe agent\nYou also see:\n\tA door to the greenhouse (that is open)"
+
+
+def hand_known(teleport: bool = True):
+    from envs.scienceworld import roles
+
+    return roles.known("find-animal-0", "Your task is to find a(n) animal.  First, focus on the thing.", FIRST, GOLD, True, teleport)
+
+
+def turn(action: str, observation: str = "", reward: float = 0.0) -> dict:
+    moved = {"go to": "move", "teleport to": "teleport"}
+    for verb, said in moved.items():
+        if action.startswith(verb) and not observation:
+            observation = f"You {said} to the {action[len(verb) + 1:]}."
+    return {"action": action, "observation": observation or "Done.", "reward": reward}
+
+
+ON_PATH = [turn("go to greenhouse", reward=0.17), turn("go to outside"), turn("look around", "This outside location is called the outside. Here you see: a dove"),
+           turn("focus on dove", "You focus on the dove egg.", 0.5), turn("pick up dove", reward=0.08), turn("go to kitchen", reward=0.08),
+           turn("move dove to red box", reward=0.17)]
+NOT_UNDERSTOOD = "No known action matches that input."
+
+
+def test_the_oracle_knows_the_tasks_description_start_room_and_the_experts_path():
+    k = hand_known()
+    assert k.description == "Your task is to find a(n) animal. First, focus on the thing." and k.start == "hallway"
+    assert k.gold == ("go to greenhouse", "go to outside", "look around", "focus on dove", "pick up dove", "go to kitchen", "move dove to red box")
+
+
+def test_the_proposer_proposes_the_gold_paths_next_action_where_the_agent_left_it():
+    from envs.scienceworld.roles import propose
+
+    k = hand_known()
+    assert propose(k, [], "go to greenhouse") is None  # the turn followed the gold path: nothing better
+    p = propose(k, [], "look around")
+    assert (p.action, p.thought) == ("go to greenhouse", "The door is open, so I go to the greenhouse.")
+    assert "has 7 actions; the agent had got through 0 of them, and the next is 'go to greenhouse'" in p.rationale
+    assert p.counterfactual().text == "Thought: The door is open, so I go to the greenhouse.\nAction: go to greenhouse"
+    # a detour the world did not understand, or one that stays in the room, leaves the next gold action
+    assert propose(k, [turn("go to greenhouse"), turn("dance", NOT_UNDERSTOOD)]).action == "go to outside"
+    # a gold action the simulator did not understand was not played
+    outside = ON_PATH[:3]
+    assert propose(k, [*outside, turn("focus on dove", NOT_UNDERSTOOD)]).action == "focus on dove"
+    # away from the gold path's room: teleport back where the world allows it, or do the gold move by teleport
+    away = propose(k, [*outside, turn("teleport to kitchen")])
+    assert away.action == "teleport to outside" and "in the kitchen but the gold path of find-animal-0 is in the outside" in away.rationale
+    assert propose(k, [turn("teleport to bedroom")]).action == "teleport to greenhouse"
+    assert propose(hand_known(teleport=False), [*outside, turn("teleport to kitchen")]).action == "focus on dove"
+    # standing where the gold moves lead makes them needless; a move the world refused moved nobody
+    assert propose(k, [turn("teleport to outside")]).action == "look around"
+    assert propose(k, [turn("teleport to outside"), ON_PATH[2]]).action == "focus on dove"  # and the walk goes on from there
+    assert propose(k, [turn("go to greenhouse"), turn("go to outside", "It's not clear how to get there from here.")]).action == "teleport to outside"
+    assert propose(k, ON_PATH) is None  # the gold path is played out
+
+
+def test_the_controller_names_the_turns_that_left_the_path_those_that_lost_score_first():
+    from envs.scienceworld.roles import critique
+
+    k = hand_known()
+    failed = [turn("go to greenhouse", reward=0.17), turn("teleport to kitchen", reward=0.08), turn("focus on red box", "You focus on the red box.", -0.25)]
+    places = critique(k, failed, 3)
+    assert [(j, p.action) for j, p in places] == [(2, "teleport to outside"), (1, "go to outside")]
+    assert [j for j, _ in critique(k, failed, 1)] == [2] and critique(k, ON_PATH, 3) == []
+
+
+def test_the_summarizer_states_the_goal_the_gold_paths_progress_the_score_and_the_outcome():
+    from envs.scienceworld.roles import summarize
+
+    k = hand_known()
+    assert summarize(k, ON_PATH, True, 15) == (
+        "Task find-animal-0: Your task is to find a(n) animal. First, focus on the thing. The gold path takes 7 actions; the agent got through 7 "
+        "of them. Its score rose to 17 at step 1 (go to greenhouse); rose to 67 at step 4 (focus on dove); rose to 75 at step 5 "
+        "(pick up dove); rose to 83 at step 6 (go to kitchen); rose to 100 at step 7 (move dove to red box). It completed the task at score "
+        "100 in 7 steps.")
+    failed = [turn("go to greenhouse", reward=0.17), turn("teleport to kitchen", reward=0.08), turn("focus on red box", "You focus on the red box.", -0.25)]
+    said = summarize(k, failed, False, 15)
+    assert "the agent got through 1 of them, and first left it at step 2 with 'teleport to kitchen' where the gold path does 'go to outside'." in said
+    assert "rose to 25 at step 2 (teleport to kitchen); fell to 0 at step 3 (focus on red box)." in said
+    assert said.endswith("Its last action, 'focus on red box' at step 3, focused on the wrong thing, which ended the task: the score fell to 0.")
+    lost = [turn("I think I should look.", "Invalid action (missing 'Thought:'): nothing happened."), turn("look around", FIRST),
+            turn("look around", FIRST), turn("dance wildly", NOT_UNDERSTOOD)]
+    said = summarize(k, lost, False, 4)
+    assert "first left it at step 1 with a turn off the Thought/Action format where the gold path does 'go to greenhouse'" in said
+    assert "Its score never rose above 0. 1 of its turns did not follow the Thought/Action format; the simulator did not understand 1 of its actions; it repeated 'look around' 2 times." in said
+    assert said.endswith("It ran out of its 4 steps at score 0 of 100; the gold path's next action was 'go to greenhouse'.")
+
+
+def test_the_llm_proposers_reply_reads_back_and_its_parser_refuses_what_the_agent_could_not_write():
+    from envs.base import Counterfactual
+    from envs.scienceworld.llm_roles import parse_proposals, proposal_reply
+    from envs.scienceworld.roles import propose
+
+    proposal = propose(hand_known(), [turn("teleport to bedroom")]).counterfactual()
+    assert parse_proposals(proposal_reply([proposal]), 1) == [proposal]
+    two = [proposal, Counterfactual("Thought: I look.\nAction: look around", "look around", "I look.", "Hindsight.")]
+    assert parse_proposals("Here:\n" + proposal_reply(two), 1) == [proposal]  # at most n
+    item = {"teacher_reason": "t", "thought": "I go.", "action": "go to kitchen"}
+    for bad, said in (
+        ({**item, "thought": "The gold path goes there."}, "mentions the gold path"),
+        ({**item, "action": "go to kitchen\nlook around"}, "not one line"),
+        ({**item, "thought": "I go. Action: look around"}, "do not read back as one turn"),
+        ({**item, "action": ""}, "missing or empty 'action'"),
+    ):
+        with pytest.raises(ValueError, match=said):
+            parse_proposals("```json\n" + json.dumps([bad]) + "\n```", 1)
+    with pytest.raises(ValueError, match="repeats the prompt"):
+        parse_proposals("## Gold path\n" + proposal_reply([proposal]), 1)
+
+
+def test_the_environment_serves_its_oracle_and_llm_roles_on_a_recorded_task():
+    env, backend = recorded_env()
+    _, _, steps = expert_episode(env, "find-animal-0")
+    turns = [{**s.info["turn"], "reward": s.reward} for s in steps]
+    task = env.task("find-animal-0")
+    loads = backend.loads
+    k = env.known(task)
+    assert (k.start, k.gold, backend.loads) == ("hallway", tuple(expert_path(recording()[0]["gold_path"], True)), loads + 1)
+    assert env.known(task) is k and backend.loads == loads + 1  # one load a task, kept
+    assert env.summarize(task, turns, True).endswith("It completed the task at score 100 in 7 steps.")
+    assert env.propose(task, turns[:2], 1, turns[2]["action"]) == []  # the expert's own turn: nothing better
+    [cf] = env.propose(task, turns[:2], 2, "dance")
+    assert cf.action == "look around" and env.parse_action(cf.text) == (cf.reason, cf.action)
+    assert env.critique(task, turns, 3) == [] and env.relabel_turns(4) == [0, 1, 2, 3]
+    assert {env.oracle_version(r) for r in ("summarizer", "proposer", "controller", "labeler")} >= {"scienceworld-summary-1", "scienceworld-proposer-1"}
+    with pytest.raises(NotImplementedError, match="no oracle judge"):
+        env.oracle_version("judge")
+    # the LLM roles: the summarizer's and the proposer's prompts show the description and the gold path
+    summary = env.summary_request(task, turns, True)
+    assert "move egg dove egg in inventory to red box" in summary.messages[1]["content"] and "Completed at score 100" in summary.messages[1]["content"]
+    assert summary.parse("  The agent  followed the path. ") == "The agent followed the path."
+    request = env.proposer_request(task, turns[:2], 1, "It wandered.")
+    assert "Observation 2: You move to the outside." in request.messages[1]["content"] and "It wandered." in request.messages[0]["content"]
+    assert request.parse(env.proposer_reply([cf])) == [cf]  # the distilled proposer's target reads back (tasks/proposer.py)
+    assert len({env.prompt_hash("summarizer"), env.prompt_hash("proposer")}) == 2
+    with pytest.raises(NotImplementedError, match="no LLM labeler prompt"):
+        env.prompt_hash("labeler")
 
 
 # ---- the real simulator (system tier) ----
@@ -419,3 +573,34 @@ def test_a_run_without_java_ends_in_one_error_line(tmp_path):
     errors = [line for line in output.splitlines() if line.startswith("error:")]
     assert result.returncode == 2 and "Traceback" not in output, output[-4000:]
     assert len(errors) == 1 and "needs a Java runtime" in errors[0] and "apt-get install default-jre-headless" in errors[0], output[-4000:]
+
+
+@pytest.mark.system
+def test_the_proposer_brings_an_agent_back_to_the_gold_path_after_a_teleport_away(real):
+    """Each of the first 28 val tasks (4 of each default type): the expert's episode sent by a
+    teleport to a random room at a random step, then finished by the oracle proposer played as a
+    policy (the expert where it proposes nothing), and by the expert alone, which goes on with
+    its next gold action wherever it stands (docs/environments.md quotes both counts)."""
+    from envs.scienceworld.roles import propose
+
+    rooms = ["kitchen", "foundry", "workshop", "bathroom", "outside", "living room", "bedroom", "greenhouse", "art studio", "hallway"]
+    env = registry.make("scienceworld", {})
+    expert = env.policies(NOISE)["expert"]
+    finished = {"proposer": 0, "expert": 0}
+    tasks = env.tasks("val")[:28]
+    for i, task in enumerate(tasks):
+        rng = random.Random(i)
+        k = env.known(task)
+        cut, room = rng.randrange(len(k.gold) - 1), rng.choice(rooms)
+        for name in finished:
+            game, turns = env.game(task), []
+            game.reset()
+            while not game.done:
+                p = propose(k, turns) if name == "proposer" else None
+                text = (render_action("I go elsewhere.", f"teleport to {room}") if len(turns) == cut
+                        else render_action(p.thought, p.action) if p is not None else expert.act(game, rng))
+                step = game.step(text)
+                turns.append({**step.info["turn"], "reward": step.reward})
+            finished[name] += game.success
+    print(f"of {len(tasks)} val episodes sent away by a teleport: {finished}")
+    assert finished["proposer"] == len(tasks) and finished["expert"] < len(tasks)

@@ -14,6 +14,10 @@ pool of JVMs, needing a Java runtime).
   `success`: the task completed at score 100.
 - Scripted agents (policies.py): the expert plays the gold path; noisy and random ones for
   bootstrap's mixture. The oracle labeler replays the actions on the simulator.
+- Oracle hindsight roles (roles.py: summarizer, proposer, controller) read a trajectory's turns
+  against what the simulator tells of the task (its description, start room and gold path: one
+  load per task, kept); their LLM prompts (summarizer, proposer) are in llm_roles.py.
+- Relabel window: every turn; the proposer names no action where the turn followed the gold path.
 """
 from __future__ import annotations
 
@@ -24,10 +28,10 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from envs.base import Environment, Label, Options, Policy, Step
+from envs.base import Counterfactual, Environment, Label, Options, Policy, Request, Step, fraction_window
 from envs.base import Game as BaseGame
 
-from . import simulator
+from . import llm_roles, roles, simulator
 from .format import (
     INVALID,
     ActionParseError,
@@ -62,6 +66,7 @@ STEP_LIMITS = {
 }
 SIMPLIFICATIONS = ("easy", "teleportAction", "selfWateringFlowerPots", "openContainers", "openDoors", "noElectricalAction")
 LABELER_VERSION = "scienceworld-replay-1"
+ORACLE_VERSIONS = {**roles.VERSIONS, "labeler": LABELER_VERSION}
 
 
 def _known(names) -> list[str]:
@@ -223,8 +228,7 @@ class ScienceWorldGame(BaseGame):
 
     @property
     def doors_open(self) -> bool:
-        """The world's doors start open (the `easy` or `openDoors` simplification)."""
-        return bool({"easy", "openDoors"} & set(self.env.options.simplifications.split(",")))
+        return self.env.doors_open
 
     def valid_actions(self) -> list[str]:
         """The simulator's valid actions in the world's state now."""
@@ -251,6 +255,7 @@ class ScienceWorld(Environment):
         o = options
         self.settings = simulator.Settings(o.simplifications, o.simulators, o.worlds, o.call_timeout, o.restarts)
         self._pool: simulator.Pool | None = None
+        self._known: dict[str, roles.Known] = {}
 
     @property
     def pool(self) -> simulator.Pool:
@@ -259,12 +264,41 @@ class ScienceWorld(Environment):
             self._pool = simulator.pool_for(self.settings)
         return self._pool
 
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_pool": None}  # another process starts its own pool (see simulator.Episode)
+
     def use_pool(self, pool: simulator.Pool) -> None:
         """Play on another pool (tests: a recorded simulator, record.Recorded)."""
         self._pool = pool
 
     def step_limit(self, task_type: str) -> int:
         return self.options.max_steps.get(task_type, STEP_LIMITS[task_type])
+
+    def _simplified(self, *names: str) -> bool:
+        return bool(set(names) & set(self.options.simplifications.split(",")))
+
+    @property
+    def doors_open(self) -> bool:
+        """The world's doors start open (the `easy` or `openDoors` simplification)."""
+        return self._simplified("easy", "openDoors")
+
+    @property
+    def teleport(self) -> bool:
+        """The agent may teleport (the `easy` or `teleportAction` simplification)."""
+        return self._simplified("easy", "teleportAction")
+
+    def known(self, task: Task) -> roles.Known:
+        """What the simulator tells of the task before any action (its description, start room and
+        gold path): one load of the task, kept for this environment object."""
+        if task.id not in self._known:
+            ep = simulator.Episode(self.pool, task.task_type, task.variation, task.id)
+            try:
+                gold = ep.gold_path()
+                description, first = ep.start()
+            finally:
+                ep.close()
+            self._known[task.id] = roles.known(task.id, description, first, gold, self.doors_open, self.teleport)
+        return self._known[task.id]
 
     # ---- tasks ----
 
@@ -308,6 +342,11 @@ class ScienceWorld(Environment):
     def won(self, reward: float) -> bool:
         return reward >= 1.0 - 1e-9  # the task completed, at score 100
 
+    def relabel_turns(self, num_turns: int) -> list[int]:
+        # Every turn: an episode can leave the gold path at any step (a failing focus is often its
+        # last), and where it did not, the proposer proposes nothing (counted as no_better_action).
+        return fraction_window(num_turns, 0.0, 1.0)
+
     # ---- scripted behaviour ----
 
     def policies(self, noise: Mapping[str, float]) -> dict[str, Policy]:
@@ -317,12 +356,23 @@ class ScienceWorld(Environment):
         prompts = {system_prompt(self.step_limit(t), self.options.simplifications) for t in self.options.task_types}
         return sorted(prompts) + [text for _, text in THOUGHTS] + list(self.options.task_types)
 
-    # ---- the oracle labeler: the actions replayed on the simulator ----
+    # ---- oracle roles: the hindsight roles read the turns against the gold path (roles.py); the
+    # labeler replays the actions on the simulator ----
 
     def oracle_version(self, role: str) -> str:
-        if role != "labeler":
-            raise NotImplementedError(f"ScienceWorld has no oracle {role}")
-        return LABELER_VERSION
+        if role not in ORACLE_VERSIONS:
+            raise NotImplementedError(f"ScienceWorld has no oracle {role} (its oracle roles: {', '.join(ORACLE_VERSIONS)})")
+        return ORACLE_VERSIONS[role]
+
+    def summarize(self, task: Task, turns: Sequence[Mapping], success: bool) -> str:
+        return roles.summarize(self.known(task), turns, success, self.step_limit(task.task_type))
+
+    def propose(self, task: Task, prefix: Sequence[Mapping], n: int, original: str | None = None) -> list[Counterfactual]:
+        p = roles.propose(self.known(task), prefix, original)
+        return [p.counterfactual()] if p is not None and n > 0 else []
+
+    def critique(self, task: Task, turns: Sequence[Mapping], top: int) -> list[tuple[int, Counterfactual]]:
+        return [(j, p.counterfactual()) for j, p in roles.critique(self.known(task), turns, top)]
 
     def label(self, task_id: str, turns: Sequence[Mapping]) -> Label:
         try:
@@ -339,6 +389,31 @@ class ScienceWorld(Environment):
         if not game.done:
             game.sim.close()
         return Label(game.credited / 100, game.success, f"replayed {game.turn} actions: score {game.score}")
+
+    # ---- the same roles played by an LLM (llm_roles.py) ----
+
+    def prompt_hash(self, role: str) -> str:
+        return llm_roles.template_hash(role)
+
+    def _outcome(self, task: Task, turns: Sequence[Mapping], success: bool) -> str:
+        points = round(100 * sum(float(t.get("reward", 0.0)) for t in turns))
+        if success:
+            return f"Completed at score 100 in {len(turns)} actions."
+        if len(turns) < self.step_limit(task.task_type):
+            return f"The task ended after {len(turns)} actions without being completed: score {points} of 100."
+        return f"Out of actions ({len(turns)}) at score {points} of 100."
+
+    def summary_request(self, task: Task, turns: Sequence[Mapping], success: bool) -> Request[str]:
+        k = self.known(task)
+        return llm_roles.summary_request(k.description, k.gold, turns, self._outcome(task, turns, success), self.step_limit(task.task_type),
+                                         self.options.observation_words)
+
+    def proposer_request(self, task: Task, prefix: Sequence[Mapping], n: int, summary: str) -> Request[list[Counterfactual]]:
+        k = self.known(task)
+        return llm_roles.proposer_request(k.description, k.gold, prefix, n, summary, self.step_limit(task.task_type), self.options.observation_words)
+
+    def proposer_reply(self, proposals: Sequence[Counterfactual]) -> str:
+        return llm_roles.proposal_reply(proposals)
 
 
 __all__ = ["ScienceWorld", "ScienceWorldOptions", "Task", "thought"]

@@ -393,6 +393,18 @@ class Episode:
         self.first: str | None = None
         self.restarts = 0
 
+    def __getstate__(self) -> dict:
+        # A game sent to another process (evaluate's workers return theirs) takes its pool's
+        # settings, not the pool: locks and JVMs stay where they are, and a copy that plays on
+        # borrows from its own process's pool, replaying its actions.
+        state = dict(self.__dict__)
+        state["pool"] = self.pool.settings
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.pool = pool_for(state["pool"])
+
     def _retrying(self, what: str, fn, gold: bool = False):
         while True:
             try:
