@@ -37,7 +37,7 @@ def _wait_until_gone(group: int, timeout: float = 60) -> None:
 
 
 STAGES = ["bootstrap", "collect", "forward", "summarize", "relabel", "regenerate", "proposer", "label", "standardize", "buffer", "critic", "actor", "train", "evaluate"]
-STEPAGENT = ["expert", "practice", "stepagent"]  # beside the hindsight chain: a relabel change reruns none of them
+STEPAGENT = ["expert", "practice", "stepagent", "stepagent_select"]  # beside the hindsight chain: a relabel change reruns none of them
 
 
 def test_pipeline_runs_through_dvc_and_skips_when_up_to_date(finished_workspace, tmp_path, faults):
