@@ -248,7 +248,7 @@ def stage_cmd(name: str) -> None:
     """Run one stage's flow in this process (the `cmd` of each dvc.yaml stage; `group@key` for a foreach item)."""
     group, _, key = name.partition("@")
     if group not in STAGE_FLOWS or bool(key) != (group in FOREACH):
-        _fail(f"unknown stage '{name}' (stages: {', '.join(STAGE_FLOWS)}; {' and '.join(FOREACH)} as {group if group in FOREACH else 'iteration'}@K)")
+        _fail(f"unknown stage '{name}' (stages: {', '.join(STAGE_FLOWS)}; {', '.join(f'{g}@K' for g in FOREACH)} for an iteration K)")
     if key and not key.isdigit():
         _fail(f"unknown stage '{name}': {group}@K takes a number")
     stage_flow, parameters = _stage_flow(group), ({"iteration": int(key)} if key else {})
