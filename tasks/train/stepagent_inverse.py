@@ -99,7 +99,7 @@ class Optimised:
             return get_cosine_schedule_with_warmup(opt, int(warmup_ratio * steps), steps)
 
         self.module, self.engine, self.autocast = model, None, False
-        if deepspeed and torch.distributed.is_initialized():
+        if deepspeed and world_size() > 1:  # by the ranks launched, not a process group an earlier caller left behind
             import deepspeed as ds
 
             self.engine, *_ = ds.initialize(model=model, optimizer=optimizer, lr_scheduler=schedule, config=zero_config(deepspeed, hidden, micro_batch, bf16))
