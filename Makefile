@@ -22,9 +22,10 @@ run: $(STAMP)
 
 # The fast tier: everything not marked `system` (unit and component tests, the losses, the
 # storage and validation corpus, the environment, short in-process chains on a tiny model).
-# -rs lists every skipped check with its reason in the summary.
+# -rs lists every skipped check with its reason in the summary. Two pytest-xdist workers, one a
+# core: the tiny pipeline the workspace tests share is built once while the other worker goes on.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rs -m "not system" --durations=15
+	$(BIN)/python -m pytest -q -rs -m "not system" -n 2 --dist loadgroup --durations=15
 
 # Everything: the fast tier, then the system tests (a real Prefect server, vLLM and its
 # OpenAI-compatible server, DVC pipelines in temporary repositories, kill-and-resume, DeepSpeed

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -118,7 +119,9 @@ def digest(*parts) -> str:
 def built(request, name: str, key: str, build: Callable[[Path], None], keep: int = 3) -> Path:
     """A directory `build(directory)` filled, for this key: from pytest's cache if an earlier session
     built it, else built now (in a temporary directory renamed into place when complete, so a
-    session that is killed or fails leaves nothing another would take for finished)."""
+    session that is killed or fails leaves nothing another would take for finished). Sessions and
+    pytest-xdist workers that ask for the same build at once take turns: one builds, the others
+    then find it."""
     cache = getattr(request.config, "cache", None)
     if cache is None:
         out = request.getfixturevalue("tmp_path_factory").mktemp(name)
@@ -126,21 +129,22 @@ def built(request, name: str, key: str, build: Callable[[Path], None], keep: int
         return out
     root = Path(cache.mkdir(f"retrosight-{name}"))
     done = root / key
-    if not (done / BUILT).exists():
-        work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
-        try:
-            build(work)
-            (work / BUILT).touch()
-            try:
-                work.rename(done)
-            except OSError:  # another session finished the same build first: keep theirs
-                if not (done / BUILT).exists():
-                    raise
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    with FileLock(str(root / f"{key}.lock")):
+        if not (done / BUILT).exists():
+            _build(build, root, key, done)
     os.utime(done)  # the newest are kept
     _prune(root, keep)
     return done
+
+
+def _build(build: Callable[[Path], None], root: Path, key: str, done: Path) -> None:
+    work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    try:
+        build(work)
+        (work / BUILT).touch()
+        work.rename(done)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _prune(root: Path, keep: int) -> None:
@@ -153,6 +157,7 @@ def _prune(root: Path, keep: int) -> None:
     abandoned = [p for p in entries if p.name.startswith(".") and now - p.stat().st_mtime > 24 * 3600]
     for old in idle + abandoned:
         shutil.rmtree(old, ignore_errors=True)
+        (root / f"{old.name}.lock").unlink(missing_ok=True)
 
 
 def copy_repo(src: Path, parent: Path) -> Path:
