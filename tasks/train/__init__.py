@@ -39,11 +39,11 @@ from tasks.train.sft import TrainingDiverged, latest_checkpoint
 
 
 def algorithms() -> dict:
-    from tasks.train import eto, filtered_bc, ilql, leap, refit, rft, sft, swift
+    from tasks.train import eto, filtered_bc, grpo, ilql, leap, ppo_returns, refit, rft, sft, swift
 
     return {
         "sft": sft.train, "refit": refit.train, "swift": swift.train, "filtered_bc": filtered_bc.train, "ilql": ilql.train, "leap": leap.train,
-        "rft": rft.train, "eto": eto.train,
+        "rft": rft.train, "eto": eto.train, "grpo": grpo.train, "ppo_returns": ppo_returns.train,
     }
 
 
