@@ -104,6 +104,7 @@ class Label:
     reward: float | None
     success: bool | None
     reason: str
+    scores: Mapping[str, float] | None = None  # an oracle rubric judge's criteria and Overall (the labels' scores column)
 
 
 class Game(ABC):

@@ -261,9 +261,21 @@ class CollectParams(Strict):
     splits: list[Split] = Field(min_length=1)
     m: int = Field(ge=1)
     sampling: SamplingParams
+    # Refit/Swift log each question at several temperatures (m = 3, one each): trajectory k of a
+    # task samples at temperatures[k % len], the rest of `sampling` alike; null: all at sampling's
+    temperatures: list[float] | None = Field(None, min_length=1)
     batch_size: int = Field(ge=1)
     limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split: quick smoke runs
     scale: ScaleParams = ScaleParams()
+
+    @model_validator(mode="after")
+    def _temperatures(self) -> CollectParams:
+        if self.temperatures is not None:
+            if any(t < 0 for t in self.temperatures):
+                raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
+            if self.m % len(self.temperatures):
+                raise ValueError(f"m ({self.m}) must be a multiple of the {len(self.temperatures)} temperatures, so each logs as many trajectories a task")
+        return self
 
 
 class RelabelParams(Strict):
