@@ -1,7 +1,7 @@
 """The miniature reproductions: held-out success and return over seeds, arm against arm.
 
     python bench/hindsight_repro.py [--preset bench/presets/hope_20q.yaml] [--seeds 0 1 2]
-                                    [--out bench/out/repro] [--set relabel.n=2 ...] [--stepagent]
+                                    [--out bench/out/repro] [--set relabel.n=2 ...] [--stepagent | --qa]
 
 For each seed, runs every stage (bootstrap -> collect -> forward -> summarize -> relabel ->
 regenerate -> label -> standardize -> HOPE's buffer, critic and actor, and again without
@@ -29,7 +29,11 @@ so seeds vary the logged data, hindsight, training and evaluation episodes aroun
 bench/presets/hr_persuasion.yaml, compares training arms only). --stepagent runs StepAgent's
 miniature instead of hindsight and HOPE's actor-critic: bootstrap -> collect -> label ->
 standardize -> expert -> practice -> StepAgent-Implicit and -Inverse from the same practice pairs
--> train (the preset's arms: RFT, ETO) -> evaluate, StepAgent's variants measured against ETO. With roles.forward.backend
+-> train (the preset's arms: RFT, ETO) -> evaluate, StepAgent's variants measured against ETO. --qa runs Refit/Swift's
+miniature on the QA teacher (bench/presets/refit_swift_qa.yaml): bootstrap -> collect (three
+temperatures) -> label (the judge) -> standardize -> train (Refit, Swift and their baselines;
+StepDPO rolls its branches out inside train) -> evaluate, each arm measured against the next in the
+paper's order (QA_AGAINST), exact-match accuracy as success and the judge's score as return. With roles.forward.backend
 learned, each seed's forward stage trains HR's forward models on its own logged dialogues and
 regenerate uses them.
 """
@@ -73,6 +77,11 @@ ACTOR_CRITIC = ("buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_
 STEPAGENT = ("expert", "practice", "stepagent", "stepagent_inverse")
 # StepAgent's miniature needs no hindsight: RFT and ETO learn from the logged games as collected
 HINDSIGHT = ("forward", "summarize", "relabel", "regenerate")
+# Refit/Swift's QA miniature: each arm against the one after it in the paper's order (its twelve
+# reasoning experiments: Swift 0.660 >= Refit 0.638 > STaR-GATE 0.607 > STaR-GATE-D 0.570, DPO and
+# StepDPO 0.525 > base 0.316); STaR-GATE-D against the policy it distils. Every arm is also against
+# the base (versus_base).
+QA_AGAINST = {"swift": "refit", "refit": "star_gate", "star_gate": "dpo", "star_gate_d": "star_gate", "dpo": "bootstrap", "step_dpo": "bootstrap"}
 
 
 def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM, base: Path | None = None,
@@ -236,7 +245,9 @@ def load_seed(results_dir: Path, seed: int, raw: dict, base: dict | None) -> tup
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
-def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict) -> dict:
+def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict, chain: dict[str, str] | None = None) -> dict:
+    """The table over seeds. chain: arm -> the arm it is measured against, over the defaults (a
+    hindsight arm's logged-only arm; HOPE's, PRM+RL's; StepAgent's, ETO)."""
     seeds = list(results)
     first = results[seeds[0]]
     splits = [*first["splits"], "heldout"]
@@ -256,6 +267,7 @@ def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict) 
         against[name] = "actor_prm" if name == "actor" else f"{name}[prm]" if "+best_of_" in name and not name.endswith("]") else against.get(name)
     for name in ("stepagent", "stepagent_inverse"):  # StepAgent's variants against ETO, as its Table 2
         against[name] = "eto"
+    against.update(chain or {})
     def over_seeds(name: str, base: str) -> dict:
         a = {(s, *k): v for s in seeds for k, v in episodes[s][name].items()}
         b = {(s, *k): v for s in seeds for k, v in episodes[s][base].items()}
@@ -296,7 +308,7 @@ def show(table: dict, sets: list[str], preset: Path | None) -> None:
         print(f"{name:<{w}}{cells}  " + " ".join(f"{x:.3f}" for x in row["heldout"]["success_rate"]["by_seed"]))
     if table["paired"]:
         print("\nEach arm minus the one it is measured against (a hindsight arm: its logged-only arm; HOPE's critic and actor: PRM+RL's; "
-              "StepAgent's: ETO), paired over the same episodes (95% interval):")
+              "StepAgent's: ETO; Refit/Swift's QA arms: the next in the paper's order), paired over the same episodes (95% interval):")
         for name, p in table["paired"].items():
             cells = "; ".join(
                 f"{s} success {p[s]['success']['diff']:+.3f} [{p[s]['success']['ci95'][0]:+.3f}, {p[s]['success']['ci95'][1]:+.3f}], "
@@ -354,9 +366,13 @@ def main() -> None:
                     help="one bootstrap output (DIR/model, ...) every seed starts from, instead of its own; trained there with seed 0's "
                          "params when missing (default DIR: bench/out/base/<preset's name>)")
     ap.add_argument("--no-actor-critic", action="store_true", help="leave out HOPE's buffer, critic and actor, with and without hindsight (HR's miniature)")
-    ap.add_argument("--stepagent", action="store_true",
-                    help="StepAgent's miniature: expert, practice, Implicit and Inverse beside the train methods (RFT, ETO), "
-                         "without hindsight or HOPE's actor-critic")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--stepagent", action="store_true",
+                      help="StepAgent's miniature: expert, practice, Implicit and Inverse beside the train methods (RFT, ETO), "
+                           "without hindsight or HOPE's actor-critic")
+    mode.add_argument("--qa", action="store_true",
+                      help="Refit/Swift's QA teacher miniature: the train methods alone (Refit, Swift and their baselines), "
+                           "each against the next in the paper's order, without hindsight, HOPE's actor-critic or StepAgent")
     args = ap.parse_args()
     if args.base == DEFAULT_BASE:
         args.base = ROOT / "bench/out/base" / (args.preset.stem if args.preset else "params")
@@ -372,14 +388,16 @@ def main() -> None:
         return raw
 
     base_raw = seed_params(0) if args.base is not None else None
-    skip = ACTOR_CRITIC + HINDSIGHT if args.stepagent else ACTOR_CRITIC + STEPAGENT if args.no_actor_critic else STEPAGENT
+    skip = (ACTOR_CRITIC + HINDSIGHT if args.stepagent else ACTOR_CRITIC + HINDSIGHT + STEPAGENT if args.qa
+            else ACTOR_CRITIC + STEPAGENT if args.no_actor_critic else STEPAGENT)
+    plain_arms = args.no_actor_critic or args.stepagent or args.qa  # no actor, critic or best-of-N played
     results, episodes, t_all = {}, {}, time.time()
     for seed in args.seeds:
         raw = seed_params(seed)
         plain = copy.deepcopy(raw)
         d = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
-        if args.no_actor_critic or args.stepagent:
+        if plain_arms:
             for s in ("evaluate.actor=null", "evaluate.extra={}", "evaluate.best_of_n.policies=[]"):
                 override(raw, s)
         if args.stepagent:  # the seed's base practises and starts both variants; evaluate plays Implicit's and Inverse's
@@ -387,7 +405,7 @@ def main() -> None:
             override(raw, f"stepagent.base_model={d / 'bootstrap/model'}")
             override(raw, f"evaluate.stepagent={d / 'stepagent/model'}")
             override(raw, f"evaluate.extra={{stepagent_inverse: {d / 'stepagent_inverse/model'}}}")
-        if not (args.no_actor_critic or args.stepagent):
+        if not plain_arms:
             override(raw, f"critic.base_model={d / 'bootstrap/model'}")
             override(raw, f"evaluate.best_of_n.critic={d / 'critic/model'}")  # the seed's critic picks for best-of-N
             override(raw, f"actor.base_model={d / 'bootstrap/model'}")
@@ -422,7 +440,7 @@ def main() -> None:
             save_seed(args.results, seed, plain, base_raw, results[seed], episodes[seed])
 
     methods = {name: m.model_dump() for name, m in params.train.methods.items()}
-    table = compare(results, episodes, methods)
+    table = compare(results, episodes, methods, QA_AGAINST if args.qa else None)
     show(table, args.sets, args.preset)
     if args.results:
         write_results(table, args.results)

@@ -158,6 +158,19 @@ def reward_histograms(rows: list[dict], scale: Scale) -> dict[str, list[dict]]:
     }
 
 
+def label_trajectories(params: Params, env: Environment, trajs: list[dict]) -> tuple[list[tuple], dict | None, str, str]:
+    """Each trajectory's (reward, status, reason, scores) by roles.labeler, the LLM calls' account
+    (None for the oracle), and the labeler's model and prompt hash. StepDPO's branches are judged
+    here too, by the same judge as the logged trajectories (tasks/train/step_dpo.py)."""
+    role = params.roles.labeler
+    if role.backend == "oracle":
+        version = env.oracle_version("labeler")
+        return _oracle_labels(env, trajs), None, version, version
+    gen = make_generator(role, params.cache.path)
+    labels, calls = _llm_labels(params, env, trajs, gen)
+    return labels, calls, gen.model_id, env.prompt_hash("judge" if role.mode == "rubric" else "labeler")
+
+
 def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> dict:
     """Labels every row of every trajectories table given; writes labels.parquet, metrics.json and
     the reward histograms plots/reward_logged.json and plots/reward_with_hindsight.json."""
@@ -169,14 +182,8 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
     dup = next((i for i, c in ids.items() if c > 1), None)
     if dup:
         raise ValueError(f"trajectory {dup} appears in more than one input table; labels are keyed by trajectory_id")
-    calls, env = None, params.env.environment()
-    if role.backend == "oracle":
-        version = env.oracle_version("labeler")
-        labels, model, prompt_hash = _oracle_labels(env, trajs), version, version
-    else:
-        gen = make_generator(role, params.cache.path)
-        labels, calls = _llm_labels(params, env, trajs, gen)
-        model, prompt_hash = gen.model_id, env.prompt_hash("judge" if role.mode == "rubric" else "labeler")
+    env = params.env.environment()
+    labels, calls, model, prompt_hash = label_trajectories(params, env, trajs)
     rows = [
         {
             "trajectory_id": t["trajectory_id"],

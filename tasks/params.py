@@ -451,9 +451,43 @@ class PpoReturnsParams(PolicyGradientParams):
     whiten_advantages: bool = True  # (G - V) standardised per global batch, as TRL and CleanRL do
 
 
+class DistillParams(Strict):
+    """STaR-GATE-D's knowledge distillation (tasks/train/star_gate_d.py; Refit/Swift's Table 27)."""
+
+    # the teacher: a method of train.methods listed before this one (its model, trained earlier in
+    # the stage: Table 27's "STaR-GATE last-checkpoint"), or a model directory
+    teacher: str = "star_gate"
+    alpha: float = Field(0.5, ge=0, le=1)  # the KL term's share, (1 - alpha) the SFT loss's (Table 27: distillation_alpha 0.5)
+    temperature: float = Field(2.0, gt=0)  # both distributions softened by it, the KL scaled by its square (Table 27: 2.0)
+
+
+class StepDPOParams(Strict):
+    """StepDPO's per-step pairs (tasks/train/step_dpo.py)."""
+
+    # branches: from each step of each logged trajectory the base policy plays a new continuation
+    # with the same teacher and the labeler judges it (the paper's); logs: pairs among a question's
+    # logged trajectories that share a prefix and differ at a step, no rollout and no judge call
+    pairs_from: Literal["branches", "logs"] = "branches"
+    # branches: (trajectory, step) sites drawn by seed; null: every step of every logged train
+    # trajectory (the paper's; 3 x the logged trajectories at n = 3)
+    sites: int | None = Field(None, ge=1)
+    sampling: SamplingParams | None = None  # branches: the branch's sampling; null: collect.sampling (the logging policy's)
+    batch_size: int = Field(512, ge=1)  # branches: episodes generated together
+
+    @model_validator(mode="after")
+    def _branches_only(self) -> StepDPOParams:
+        if self.pairs_from == "logs" and (self.sites is not None or self.sampling is not None):
+            raise ValueError("sites and sampling size and sample the branch rollouts; pairs_from: logs rolls none out")
+        return self
+
+
+DPO_FAMILY = ("eto", "dpo", "step_dpo")  # the methods on the shared DPO loss (tasks/train/online_dpo.py) that take `beta`
+
+
 class MethodParams(Strict):
     # leap: relabel's counterfactuals, not the table; eto: the expert's trajectories against collect's failures, not the table
-    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "ilql", "leap", "rft", "eto", "grpo", "ppo_returns"]
+    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "ilql", "leap", "rft", "eto", "grpo", "ppo_returns", "star_gate", "star_gate_d", "dpo",
+                       "step_dpo"]
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out (rft: always)
     # HOPE's alpha: the regenerations' share of this method's rows (tasks/train: training_rows); null: every row
     alpha: float | None = Field(None, ge=0, lt=1)
@@ -466,7 +500,11 @@ class MethodParams(Strict):
     # rft only: a success is a weight (the reward scaled to [0, 1] over the environment's range) at
     # least this; null: the environment's own win rule on the labelled reward (Environment.won)
     success_threshold: float | None = Field(None, ge=0, le=1)
-    beta: float | None = Field(None, gt=0)  # eto only: DPO's beta; null: ETO's 0.1 (its later iterations 0.5)
+    # eto, dpo and step_dpo: DPO's beta; null: ETO's 0.1 (its later iterations 0.5), TRL's default
+    # too, which Refit/Swift's DPO baselines presumably kept (the paper gives no beta)
+    beta: float | None = Field(None, gt=0)
+    distill: DistillParams | None = None  # star_gate_d only; null: DistillParams' defaults (the paper's)
+    step_dpo: StepDPOParams | None = None  # step_dpo only; null: StepDPOParams' defaults
     grpo: GrpoParams | None = None  # grpo only; null: GrpoParams' defaults
     ppo_returns: PpoReturnsParams | None = None  # ppo_returns only; null: PpoReturnsParams' defaults
 
@@ -500,10 +538,12 @@ class MethodParams(Strict):
             raise ValueError("leap trains on relabel's counterfactuals, not on the training table's rows: data, alpha and aggregate_multiple do not apply to it")
         if self.algorithm == "eto" and (self.alpha is not None or self.aggregate_multiple is not None or self.data != "all"):
             raise ValueError("eto trains on the expert's and collect's trajectories, not on the training table's rows: data, alpha and aggregate_multiple do not apply to it")
-        for key, algorithm in (("success_threshold", "rft"), ("beta", "eto")):
-            if getattr(self, key) is not None and self.algorithm != algorithm:
-                raise ValueError(f"{key} applies to algorithm {algorithm} only, not {self.algorithm}")
+        for key, algorithms in (("success_threshold", ("rft",)), ("beta", DPO_FAMILY), ("distill", ("star_gate_d",)), ("step_dpo", ("step_dpo",))):
+            if getattr(self, key) is not None and self.algorithm not in algorithms:
+                which = f"algorithm {algorithms[0]}" if len(algorithms) == 1 else f"algorithms {', '.join(algorithms)}"
+                raise ValueError(f"{key} applies to {which} only, not {self.algorithm}")
         return self
+
 
 
 ETO_BETA = 0.1  # ETO's first iteration (Song et al. 2024); StepAgent gives none
@@ -522,6 +562,8 @@ class MethodConfig(Strict):
     ppo_returns: PpoReturnsParams = PpoReturnsParams()
     success_threshold: float | None = None
     beta: float = ETO_BETA
+    distill: DistillParams = DistillParams()
+    step_dpo: StepDPOParams = StepDPOParams()
     max_loss_ratio: float | None
     checkpoint_steps: int
     checkpoint_dir: Path | None = None  # where this method's run checkpoints; set by run_train
@@ -544,6 +586,15 @@ class TrainStageParams(TrainParams):
     max_loss_ratio: float | None = Field(10.0, gt=1)
     checkpoint_steps: int = Field(10, ge=1)  # a resumable checkpoint every N optimizer steps
 
+    @model_validator(mode="after")
+    def _teachers_come_first(self) -> TrainStageParams:
+        names = list(self.methods)
+        for i, (name, m) in enumerate(self.methods.items()):
+            teacher = (m.distill or DistillParams()).teacher if m.algorithm == "star_gate_d" else None
+            if teacher in names[i:]:
+                raise ValueError(f"train.methods.{name}: its teacher {teacher} must be listed before it (methods train in order)")
+        return self
+
     def config_for(self, method: MethodParams) -> MethodConfig:
         shared = TrainParams(**{k: getattr(self, k) for k in TrainParams.model_fields})
         if method.learning_rate is not None:
@@ -551,8 +602,8 @@ class TrainStageParams(TrainParams):
         return MethodConfig(
             train=shared, norm=self.norm, push_down_floor=self.push_down_floor, deepspeed=self.deepspeed, top_fraction=method.top_fraction,
             ilql=method.ilql or IlqlParams(), grpo=method.grpo or GrpoParams(), ppo_returns=method.ppo_returns or PpoReturnsParams(),
-            success_threshold=method.success_threshold, beta=method.beta or ETO_BETA,
-            max_loss_ratio=self.max_loss_ratio, checkpoint_steps=self.checkpoint_steps,
+            success_threshold=method.success_threshold, beta=method.beta or ETO_BETA, distill=method.distill or DistillParams(),
+            step_dpo=method.step_dpo or StepDPOParams(), max_loss_ratio=self.max_loss_ratio, checkpoint_steps=self.checkpoint_steps,
         )
 
 

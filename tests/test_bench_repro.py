@@ -214,3 +214,31 @@ def test_stepagent_bench_small(tmp_path):
     assert set(json.loads((d / "train/metrics.json").read_text())["methods"]) == {"rft", "eto"}
     diffs = episode_diffs([d], "stepagent_inverse", "eto", "return")
     assert table["paired"]["stepagent_inverse"]["heldout"]["return"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-4)
+
+
+@pytest.mark.system
+def test_qa_bench_small(tmp_path):
+    """--qa: Refit/Swift's miniature on the QA teacher, one seed, three questions a split: every
+    arm trains (StepDPO rolling its branches out in train), each is paired against the next in the
+    paper's order, evaluate's success is exact match and its return the judge's score, and no
+    hindsight, actor-critic or StepAgent stage runs."""
+    overrides = ["limit_tasks=3", "cache.path=" + str(tmp_path / "cache.sqlite"), "bootstrap.model.hidden_size=64",
+                 "bootstrap.model.num_layers=1", "bootstrap.model.num_heads=1", "bootstrap.model.intermediate_size=128",
+                 "bootstrap.tokenizer.vocab_size=600", "train.epochs=1", "train.batch_size=4"]
+    out, results = tmp_path / "runs", tmp_path / "results"
+    cmd = [sys.executable, str(ROOT / "bench/hindsight_repro.py"), "--qa", "--preset", str(ROOT / "bench/presets/refit_swift_qa.yaml"),
+           "--seeds", "0", "--out", str(out), "--results", str(results), *[a for o in overrides for a in ("--set", o)]]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    table = json.loads((results / "table.json").read_text())
+    assert list(table["policies"]) == ["bootstrap", "refit", "swift", "star_gate", "star_gate_d", "dpo", "step_dpo"]
+    assert {n: p["against"] for n, p in table["paired"].items()} == hindsight_repro.QA_AGAINST
+    d = out / "seed0"
+    assert not [s for s in hindsight_repro.HINDSIGHT + hindsight_repro.ACTOR_CRITIC + hindsight_repro.STEPAGENT if (d / s).exists()]
+    trained = json.loads((d / "train/metrics.json").read_text())["methods"]
+    assert trained["step_dpo"]["branches"] == 3 * 3 * 3  # every step of the 9 logged dialogues branched once
+    assert trained["star_gate"]["questions"] == trained["star_gate_d"]["questions"] == 3
+    episodes = pl.read_parquet(d / "evaluate/episodes.parquet")
+    assert set(episodes["split"]) == {"test"} and set(episodes["num_turns"]) == {3}
+    judged = pl.read_parquet(d / "label/labels.parquet")  # the judge's Overall / 10 beside exact match
+    assert judged["scores"].null_count() == 0 and (judged["reward"] == judged["env_reward"]).all()
