@@ -1,8 +1,8 @@
 """nlac_iteration: one iteration of NLAC's Algorithm 1 (notes/nlac.md; the loss in tasks/train/nlac.py).
 
 1. Collect (lines 3-6): the iteration's policy (nlac_iterations.K.policy: the base at 1, iteration
-   K-1's after) plays `nlac.m` episodes of every task of `nlac.splits`, with collect's own code,
-   into data/iterationK/nlac_collect.
+   K-1's after) plays `nlac.m` episodes of every task of `nlac.splits` (grpo: `nlac.group`), with
+   collect's own code, into data/iterationK/nlac_collect.
 2. Add to the buffer: each episode's transitions (s_t, a_t, r_t, s_t+1) join iteration K-1's
    buffer, new ones at the buffer's largest priority (PER's rule: each is drawn soon), the oldest
    dropped past `nlac.buffer_size`. The buffer is Parquet (buffer.parquet), carried to K+1 with
@@ -11,7 +11,8 @@
    - L1's target, the backup's critique of (s_t, a_t) given r_t and s_t+1 (roles.backup);
    - a_t for L2: fresh from the current policy at s_t (nlac.action: fresh, Eq. 6) or the stored one;
      its critique Q_L(s_t, a_t) (roles.language_critic) and the refined action (roles.refiner);
-   - one AdamW step on L1 + L2, then the EMA step of theta-bar, then the drawn priorities <- L1.
+   - a step on L1, then one on L2 (nlac.update: separate, Algorithm 1's; joint: one step on
+     L1 + L2), then the EMA step of theta-bar, then the drawn priorities <- L1.
    theta starts from the iteration's policy, theta-bar from iteration K-1's target (at 1: the base,
    theta-bar = theta_0). Both are written: model (the next iteration's policy) and target.
 
@@ -30,7 +31,12 @@ policy (the run's base). The buffer is carried on unchanged and the target is no
 Metrics (metrics.json): success on the collected splits, the share of critiques saying
 `Optimality: No`, the share of refined actions that are another move than the action, every
 role's requests by outcome (parse failures with their commonest reasons), L1 and L2 first and
-final, the priorities' histogram and the buffer's size. samples.parquet keeps every trained sample.
+final, the priorities' histogram, the buffer's size, and the trained critic against the oracle
+(critic_accuracy: theta, whatever backend plays the critic role, on transitions never drawn).
+samples.parquet keeps every trained sample.
+
+The DVC stage reads iteration K's policy, K-1's outputs and the run's base from params
+(nlac_iterations, data/iterationK/nlac); the miniature's bench passes its own folders instead.
 """
 from __future__ import annotations
 
@@ -226,6 +232,37 @@ def _parses(env: Environment, text: str) -> bool:
         return False
 
 
+# ---- the trained critic against the oracle ----
+
+
+def critic_accuracy(params: Params, env: Environment, theta, buffer: list[dict]) -> dict:
+    """theta (an in-process generator over the trained weights) as the language critic, at the
+    critic's prompt and greedy, on up to nlac.critic_eval transitions of the buffer never drawn for
+    training (drawn by seed): does it say the oracle's Optimality on the stored action? accuracy
+    is over the critiques that parse, agreement over all of them (an unparsed one disagrees);
+    majority is what always saying the oracle's commoner verdict would score."""
+    unseen = [r for r in buffer if r["trained"] == 0]
+    n = min(params.nlac.critic_eval, len(unseen))
+    if n == 0:
+        return {"transitions": 0, "on": "buffer transitions never drawn for training"}
+    rng = np.random.default_rng(derive_seed(params.seed, "critic-eval"))
+    rows = [unseen[i] for i in sorted(rng.choice(len(unseen), size=n, replace=False))]
+    requests = [env.critic_request(r["state"], r["action"]) for r in rows]
+    greedy = SamplingParams(temperature=0.0, top_p=1.0, max_new_tokens=params.roles.language_critic.sampling.max_new_tokens)
+    said = call_parsed(theta, [q.messages for q in requests], [derive_seed(params.seed, "critic-eval", r["transition_id"]) for r in rows],
+                       [q.parse for q in requests], greedy, 1)
+    oracle = [env.oracle_critique(env.task(r["task_id"]), r["turns"][:-1], r["action"]["content"]).optimal for r in rows]
+    parsed = [(o.value.optimal, truth) for o, truth in zip(said, oracle) if o.status == "ok"]
+    right = sum(a == b for a, b in parsed)
+    no = sum(not t for t in oracle) / n
+    return {
+        "transitions": n, "on": "buffer transitions never drawn for training", "parsed": len(parsed), "parse_rate": round(len(parsed) / n, 4),
+        "accuracy": round(right / len(parsed), 4) if parsed else None, "agreement": round(right / n, 4),
+        "oracle_no_share": round(no, 4), "majority": round(max(no, 1 - no), 4),
+        "said_no_share": _share([not a for a, _ in parsed]), "top_reasons": account(said).get("top_reasons", []),
+    }
+
+
 # ---- the stage ----
 
 
@@ -238,34 +275,39 @@ def _histogram(priorities: np.ndarray, bins: int = 10) -> dict:
     return {"edges": [round(float(e), 6) for e in edges], "counts": counts.tolist()}
 
 
-def run_nlac_iteration(params: Params, iteration: int, out_dir: Path, collect_dir: Path) -> dict:
+def run_nlac_iteration(params: Params, iteration: int, out_dir: Path, collect_dir: Path, policy: Path | None = None,
+                       previous: Path | None = None, base: Path | None = None) -> dict:
     """Writes collect_dir (the iteration's episodes), out_dir/model, out_dir/target, out_dir/buffer.parquet,
-    out_dir/samples.parquet, out_dir/loss.json and out_dir/metrics.json."""
+    out_dir/samples.parquet, out_dir/loss.json and out_dir/metrics.json. `policy` (the one that
+    collects), `previous` (iteration K-1's out_dir: its target and buffer) and `base` (the run's
+    first policy: a baseline's KL reference) default to params' nlac_iterations and nlac_dir."""
     t0 = time.time()
     n, env = params.nlac, params.env.environment()
-    policy = params.nlac_iterations[iteration].policy
-    collect = params.collect.model_copy(update={"splits": n.splits, "m": n.m, "sampling": n.sampling, "batch_size": n.generation_batch_size,
-                                                "limit_tasks": n.limit_tasks or params.limit_tasks})
+    policy = str(policy or params.nlac_iterations[iteration].policy)
+    if previous is None and iteration > 1:
+        previous = Path(nlac_dir(iteration - 1))
+    collect = params.collect.model_copy(update={"splits": n.splits, "m": n.episodes_per_task(), "sampling": n.sampling,
+                                                "batch_size": n.generation_batch_size, "limit_tasks": n.limit_tasks or params.limit_tasks})
     p = params.model_copy(update={"collect": collect, "seed": derive_seed(params.seed, "nlac-iteration", iteration)})
     print(f"nlac iteration {iteration}: collect with {policy}", flush=True)
     collected = run_collect(p, Path(policy), collect_dir)
     inputs = StageInputs()
     episodes = inputs.read_polars(collect_dir / "trajectories.parquet", "trajectories")
-    previous: list[dict] = []
-    if iteration > 1:
-        previous = buffer_rows(inputs.read(Path(nlac_dir(iteration - 1)) / "buffer.parquet", "nlac_buffer"))
+    carried: list[dict] = []
+    if previous is not None:
+        carried = buffer_rows(inputs.read(previous / "buffer.parquet", "nlac_buffer"))
     set_seed(p.seed)
     tokenizer = AutoTokenizer.from_pretrained(policy)
     model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
     metrics = {"iteration": iteration, "algorithm": n.algorithm, "policy": policy, "seed": p.seed, "collect": collected,
                "success_on_collect": {split: s["success_rate"] for split, s in collected.items() if isinstance(s, dict) and "success_rate" in s}}
     if n.algorithm != "nlac":
-        metrics.update(_baseline(p, env, model, tokenizer, episodes, out_dir))
-        buffer = previous
+        metrics.update(_baseline(p, env, model, tokenizer, episodes, out_dir, base or Path(params.nlac_iterations[1].policy)))
+        buffer = carried
     else:
         new = transitions(from_table(episodes), iteration)
-        buffer = merged(previous, new, n.buffer_size)
-        target = AutoModelForCausalLM.from_pretrained(policy if iteration == 1 else f"{nlac_dir(iteration - 1)}/target", dtype=torch.float32)
+        buffer = merged(carried, new, n.buffer_size)
+        target = AutoModelForCausalLM.from_pretrained(policy if previous is None else previous / "target", dtype=torch.float32)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         model.to(device), target.to(device)
         roles = Roles(p, env, model, target, tokenizer, iteration)
@@ -274,7 +316,7 @@ def run_nlac_iteration(params: Params, iteration: int, out_dir: Path, collect_di
             model, target, tokenizer, np.array([r["priority"] for r in buffer]), lambda drawn, step: roles.examples(buffer, drawn, step),
             steps=n.steps, batch_size=n.batch_size, learning_rate=n.learning_rate, weight_decay=n.weight_decay, max_grad_norm=n.max_grad_norm,
             tau=n.tau, alpha=n.per_alpha, beta=n.per_beta, epsilon=n.per_epsilon, token_mean=n.nll == "token_mean",
-            bf16=native_bf16() if n.bf16 == "auto" else n.bf16, seed=p.seed,
+            bf16=native_bf16() if n.bf16 == "auto" else n.bf16, seed=p.seed, update=n.update, learning_rate_l2=n.learning_rate_l2,
         )
         for r, priority, draws in zip(buffer, result["priorities"], result["draws"]):
             r["priority"], r["trained"] = float(priority), r["trained"] + int(draws)
@@ -282,6 +324,8 @@ def run_nlac_iteration(params: Params, iteration: int, out_dir: Path, collect_di
         write_table(to_table(result["samples"], "nlac_samples"), out_dir / "samples.parquet", "nlac_samples")
         (out_dir / "loss.json").write_text(json.dumps(result["curve"]) + "\n")
         metrics.update(_nlac_metrics(p, roles, result, buffer, len(new), iteration))
+        model.eval()
+        metrics["critic_accuracy"] = critic_accuracy(p, env, roles.actor, buffer)
     _save(model, tokenizer, out_dir / "model")
     write_table(buffer_table(buffer), out_dir / "buffer.parquet", "nlac_buffer")
     metrics["inputs"] = inputs.write(out_dir)
@@ -324,8 +368,9 @@ def _nlac_metrics(params: Params, roles: Roles, result: dict, buffer: list[dict]
     }
 
 
-def _baseline(params: Params, env: Environment, model, tokenizer, episodes: pl.DataFrame, out_dir: Path) -> dict:
-    """A baseline's update on the iteration's episodes (tasks/train), from the iteration's policy."""
+def _baseline(params: Params, env: Environment, model, tokenizer, episodes: pl.DataFrame, out_dir: Path, base: Path) -> dict:
+    """A baseline's update on the iteration's episodes (tasks/train), from the iteration's policy;
+    GRPO's and PPO's KL to `base`."""
     import importlib
 
     method = params.nlac.baseline()
@@ -338,7 +383,7 @@ def _baseline(params: Params, env: Environment, model, tokenizer, episodes: pl.D
     if name == "rft":
         extra = {"won": env.won}
     else:  # the KL's reference: the run's base, iteration 1's policy
-        extra = {"reference": AutoModelForCausalLM.from_pretrained(params.nlac_iterations[1].policy, dtype=torch.float32).eval()}
+        extra = {"reference": AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()}
     print(f"nlac iteration: {params.nlac.algorithm} ({name}) on {table.height} episodes", flush=True)
     result = getattr(importlib.import_module(f"tasks.train.{name}"), "train")(model, tokenizer, table, cfg, params.seed, **extra)
     curve = result.pop("curve")
@@ -348,4 +393,7 @@ def _baseline(params: Params, env: Environment, model, tokenizer, episodes: pl.D
     write_table(to_table([], "nlac_samples"), out_dir / "samples.parquet", "nlac_samples")
     (out_dir / "target").mkdir(parents=True, exist_ok=True)
     (out_dir / "target" / "NONE.txt").write_text(f"nlac.algorithm {params.nlac.algorithm} trains no target network (nlac does)\n")
-    return {"method": method.model_dump(exclude_none=True), "trained": result}
+    # the optimizer steps taken, the budget every arm of the miniature shares (none for RFT without
+    # a won game, or GRPO without a group whose rewards differ)
+    steps = result.get("steps", cfg.gradient_steps if result.get("rows") else 0)
+    return {"method": method.model_dump(exclude_none=True), "trained": result, "optimizer_steps": steps}

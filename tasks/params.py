@@ -507,6 +507,10 @@ class MethodParams(Strict):
     step_dpo: StepDPOParams | None = None  # step_dpo only; null: StepDPOParams' defaults
     grpo: GrpoParams | None = None  # grpo only; null: GrpoParams' defaults
     ppo_returns: PpoReturnsParams | None = None  # ppo_returns only; null: PpoReturnsParams' defaults
+    # rft, filtered_bc and sft (the SFT trainer's methods): exactly this many optimizer steps (the HF
+    # Trainer's max_steps), passes over the rows repeated or cut short, so an NLAC baseline takes as
+    # many as the others; null: train.epochs passes. grpo's and ppo_returns' is under their own keys
+    gradient_steps: int | None = Field(None, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -542,10 +546,13 @@ class MethodParams(Strict):
             if getattr(self, key) is not None and self.algorithm not in algorithms:
                 which = f"algorithm {algorithms[0]}" if len(algorithms) == 1 else f"algorithms {', '.join(algorithms)}"
                 raise ValueError(f"{key} applies to {which} only, not {self.algorithm}")
+        if self.gradient_steps is not None and self.algorithm not in SFT_STEPPED:
+            own = f": set {self.algorithm}.gradient_steps" if self.algorithm in ("grpo", "ppo_returns") else ""
+            raise ValueError(f"gradient_steps applies to algorithms {', '.join(SFT_STEPPED)} only, not {self.algorithm}{own}")
         return self
 
 
-
+SFT_STEPPED = ("rft", "filtered_bc", "sft")  # MethodParams.gradient_steps: tasks/train/sft.py's train, with max_steps
 ETO_BETA = 0.1  # ETO's first iteration (Song et al. 2024); StepAgent gives none
 
 
@@ -564,6 +571,7 @@ class MethodConfig(Strict):
     beta: float = ETO_BETA
     distill: DistillParams = DistillParams()
     step_dpo: StepDPOParams = StepDPOParams()
+    gradient_steps: int | None = None  # rft, filtered_bc, sft: the SFT trainer's max_steps
     max_loss_ratio: float | None
     checkpoint_steps: int
     checkpoint_dir: Path | None = None  # where this method's run checkpoints; set by run_train
@@ -603,7 +611,8 @@ class TrainStageParams(TrainParams):
             train=shared, norm=self.norm, push_down_floor=self.push_down_floor, deepspeed=self.deepspeed, top_fraction=method.top_fraction,
             ilql=method.ilql or IlqlParams(), grpo=method.grpo or GrpoParams(), ppo_returns=method.ppo_returns or PpoReturnsParams(),
             success_threshold=method.success_threshold, beta=method.beta or ETO_BETA, distill=method.distill or DistillParams(),
-            step_dpo=method.step_dpo or StepDPOParams(), max_loss_ratio=self.max_loss_ratio, checkpoint_steps=self.checkpoint_steps,
+            step_dpo=method.step_dpo or StepDPOParams(), gradient_steps=method.gradient_steps, max_loss_ratio=self.max_loss_ratio,
+            checkpoint_steps=self.checkpoint_steps,
         )
 
 
@@ -741,7 +750,8 @@ class NlacParams(Strict):
     method: MethodParams | None = None
     # collection with the current policy (Algorithm 1, lines 3-6); the paper gives no count
     splits: list[Split] = Field(["train"], min_length=1)
-    m: int = Field(1, ge=1)  # episodes per task (grpo's group: NLAC's GRPO uses 4)
+    m: int = Field(1, ge=1)  # episodes per task, every algorithm's but grpo's (the paper gives none)
+    group: int = Field(4, ge=2)  # episodes per task for grpo, its group: the baseline is their mean reward (NLAC 6.2: 4)
     limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split; null: the run's limit_tasks
     sampling: SamplingParams = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=112)  # on-policy rollouts; the paper gives no temperature
     generation_batch_size: int = Field(512, ge=1)  # prompts generated together (rollouts and in-process roles)
@@ -750,7 +760,14 @@ class NlacParams(Strict):
     # on a drawn batch, every method's count in the miniature
     steps: int = Field(16, ge=1)
     batch_size: int = Field(8, ge=1)  # transitions per step (paper: 1024)
-    learning_rate: float = Field(1.0e-4, gt=0)  # lambda1 = lambda2 (paper: 5e-6 on 7B, AdamW); the tiny model needs more
+    # Algorithm 1's update. separate (its lines 8-9): a step on L1 at lambda1, then one on L2 at
+    # lambda2, each with an AdamW of its own, so neither loss's scale sets the other's step: in one
+    # joint step the critique's NLL (8-12 a token on the tiny model, text it never saw) swamped the
+    # refined actions' (0.01-0.2) and the policy got worse. joint: one AdamW step on L1 + L2 at
+    # learning_rate (lambda1 = lambda2 taken together; this stage's first form)
+    update: Literal["separate", "joint"] = "separate"
+    learning_rate: float = Field(1.0e-4, gt=0)  # lambda1, L1's step (joint: the one step's); paper: 5e-6 on 7B, AdamW; the tiny model needs more
+    learning_rate_l2: float | None = Field(None, gt=0)  # lambda2, L2's step (separate only); null: learning_rate, the paper's lambda1 = lambda2
     weight_decay: float = Field(0.0, ge=0)  # paper: not given
     max_grad_norm: float | None = Field(1.0, gt=0)  # paper: not given; the HF Trainer's default
     tau: float = Field(0.005, gt=0, le=1)  # theta-bar <- tau * theta + (1 - tau) * theta-bar after every step (paper: 0.005)
@@ -767,6 +784,10 @@ class NlacParams(Strict):
     # texts) or the sum (the sequence's log-likelihood); paper: not given
     nll: Literal["token_mean", "sequence_sum"] = "token_mean"
     bf16: bool | Literal["auto"] = "auto"
+    # the trained critic against the oracle after the iteration's steps: theta, at the critic's
+    # prompt and greedy, on up to this many buffer transitions never drawn for training; does it say
+    # the oracle's Optimality (metrics: critic_accuracy)? 0: not measured
+    critic_eval: int = Field(64, ge=0)
 
     @model_validator(mode="after")
     def _method_is_the_baselines(self) -> NlacParams:
@@ -774,9 +795,13 @@ class NlacParams(Strict):
             raise ValueError("nlac.method sets a baseline's settings; nlac.algorithm nlac has its own keys here")
         if self.method is not None and self.method.algorithm != NLAC_BASELINES[self.algorithm]:
             raise ValueError(f"nlac.method.algorithm: {self.method.algorithm}, but nlac.algorithm {self.algorithm} trains with {NLAC_BASELINES[self.algorithm]}")
-        if self.algorithm == "grpo" and self.m < 2:
-            raise ValueError(f"nlac.m: {self.m}, but grpo's baseline is the mean of a task's group of episodes: give it 2 or more (NLAC's GRPO: 4)")
+        if self.learning_rate_l2 is not None and self.update == "joint":
+            raise ValueError("nlac.learning_rate_l2 is L2's own step, and update: joint takes one step on L1 + L2 at learning_rate: use update: separate")
         return self
+
+    def episodes_per_task(self) -> int:
+        """What the iteration collects per task: grpo's group, every other algorithm's m."""
+        return self.group if self.algorithm == "grpo" else self.m
 
     def baseline(self) -> MethodParams:
         """The baseline's method settings; refused for nlac."""

@@ -149,16 +149,95 @@ def test_l2s_mask_covers_the_refined_action_alone(tiny_model_dir):
     assert algorithm.encoded(tokenizer, state, refined, 8) is None  # longer than the context: none either
 
 
+# ---- Algorithm 1's two steps ----
+
+def _trained(model_dir, update: str, learning_rate: float, learning_rate_l2: float | None = None, with_targets: bool = True) -> list[torch.Tensor]:
+    """The tiny model's weights after 2 NLAC steps on fixed examples: a long critique for L1, a short action for L2."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model, target = (AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32) for _ in range(2))
+    critique = GOOD + " The game goes on for many turns with questions about its size, colour and habitat." * 3
+
+    def examples_for(drawn, step):
+        return [algorithm.Example([*CONV[:2], CONV[2], {"role": "user", "content": "Judge your last turn."}], critique if with_targets else None,
+                                  CONV[:2], "REASON: Ask.\nQUESTION: Is it alive?") for _ in drawn]
+
+    algorithm.train(model, target, tokenizer, np.ones(4), examples_for, steps=2, batch_size=2, learning_rate=learning_rate, weight_decay=0.0,
+                    max_grad_norm=None, tau=0.005, alpha=0.1, beta=0.4, epsilon=1e-3, token_mean=True, bf16=False, seed=0,
+                    update=update, learning_rate_l2=learning_rate_l2)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_separate_steps_give_l2_its_own_step_whatever_l1s_scale(tiny_model_dir):
+    # Reference: L2's steps alone (no critique to learn) at 1e-3.
+    alone = _trained(tiny_model_dir, "separate", 1e-3, with_targets=False)
+    # Separate: L1's step at lambda1 ~ 0 moves nothing, and L2's at lambda2 = 1e-3 is the step L2 takes alone.
+    separate = _trained(tiny_model_dir, "separate", 1e-12, learning_rate_l2=1e-3)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(separate, alone))
+    # Joint: one step on L1 + L2, whose direction the critique's larger NLL sets: far from L2's own step.
+    joint = _trained(tiny_model_dir, "joint", 1e-3)
+    assert max((a - b).abs().max().item() for a, b in zip(joint, alone)) > 1e-4
+    # and a separate L1 step at lambda1 moves the weights too: both losses train theta.
+    both = _trained(tiny_model_dir, "separate", 1e-3)
+    assert max((a - b).abs().max().item() for a, b in zip(both, alone)) > 1e-4
+
+
+# ---- the trained critic against the oracle ----
+
+class _Says:
+    """A critic that writes the given texts, one per request, in order."""
+
+    def __init__(self, texts):
+        self.texts, self.asked = list(texts), []
+
+    def generate(self, conversations, sampling, seeds):
+        from models.base import Completion
+
+        self.asked.append(sampling)
+        return [Completion(self.texts.pop(0)) for _ in conversations]
+
+
+def test_critic_accuracy_compares_the_critics_verdict_with_the_oracles_on_undrawn_transitions():
+    from tasks.nlac import critic_accuracy
+
+    env = twenty_questions(3)
+    ep = new_episode(env, env.task("Dog"), 0)
+    for text in ("REASON: a\nQUESTION: Is it an animal?", "REASON: b\nQUESTION: Is it an animal?", "REASON: c\nQUESTION: Is it Dog?"):
+        ep.apply(text)
+    ep.policy_id = "p"
+    rows = [{**r, "trained": 0} for r in transitions([{"trajectory_id": "t0", **ep.to_row()}], 1)]
+    truth = [env.oracle_critique(env.task("Dog"), r["turns"][:-1], r["action"]["content"]).optimal for r in rows]
+    assert truth[1] is False  # a repeated question is never the best move
+    verdict = {True: "Yes", False: "No. Ask something new."}
+    said = [f"Future: it goes on.\nOptimality: {verdict[truth[0]]}", "QUESTION: Is it Dog?", f"Future: won.\nOptimality: {verdict[not truth[2]]}"]
+    p = Params.model_validate(tiny_params({"env": {"max_turns": 3}}))
+    critic = _Says(said)
+    acc = critic_accuracy(p, env, critic, rows)
+    assert critic.asked[0].temperature == 0.0  # greedy
+    assert (acc["transitions"], acc["parsed"], acc["parse_rate"], acc["accuracy"], acc["agreement"]) == (3, 2, 0.6667, 0.5, 0.3333)
+    no = sum(not t for t in truth) / 3
+    assert acc["oracle_no_share"] == round(no, 4) and acc["majority"] == round(max(no, 1 - no), 4)
+    assert acc["top_reasons"][0][1].startswith("unparseable after 1 attempts: the critique must begin with 'Future:'")
+    # only transitions never drawn are asked; none: nothing to measure
+    assert critic_accuracy(p, env, _Says(said[:1]), [rows[0], *({**r, "trained": 2} for r in rows[1:])])["transitions"] == 1
+    assert critic_accuracy(p, env, _Says([]), [{**r, "trained": 1} for r in rows])["transitions"] == 0
+
+
 # ---- params ----
 
 def test_nlac_params_name_the_baselines_and_chain_the_iterations():
     p = Params.model_validate(tiny_params({"nlac": {"algorithm": "ppo"}}))
     assert p.nlac.baseline().algorithm == "ppo_returns"
-    assert Params.model_validate(tiny_params({"nlac": {"algorithm": "grpo", "m": 4, "method": {"algorithm": "grpo", "grpo": {"reward_column": "return"}}}})).nlac.baseline().grpo.reward_column == "return"
+    grpo = Params.model_validate(tiny_params({"nlac": {"algorithm": "grpo", "method": {"algorithm": "grpo", "grpo": {"reward_column": "return"}}}})).nlac
+    assert grpo.baseline().grpo.reward_column == "return"
+    assert grpo.episodes_per_task() == 4 and p.nlac.episodes_per_task() == 1  # GRPO's group (NLAC's 4); every other algorithm's m
     with pytest.raises(ValidationError, match="nlac.algorithm grpo trains with grpo"):
-        Params.model_validate(tiny_params({"nlac": {"algorithm": "grpo", "m": 4, "method": {"algorithm": "rft"}}}))
-    with pytest.raises(ValidationError, match="nlac.m: 1, but grpo's baseline is the mean of a task's group"):
-        Params.model_validate(tiny_params({"nlac": {"algorithm": "grpo"}}))
+        Params.model_validate(tiny_params({"nlac": {"algorithm": "grpo", "method": {"algorithm": "rft"}}}))
+    with pytest.raises(ValidationError, match="nlac.group"):
+        Params.model_validate(tiny_params({"nlac": {"algorithm": "grpo", "group": 1}}))  # a lone episode is no group
+    with pytest.raises(ValidationError, match="learning_rate_l2 is L2's own step, and update: joint"):
+        Params.model_validate(tiny_params({"nlac": {"update": "joint", "learning_rate_l2": 1e-3}}))
     with pytest.raises(ValidationError, match="nlac.method sets a baseline's settings"):
         Params.model_validate(tiny_params({"nlac": {"method": {"algorithm": "rft"}}}))
     with pytest.raises(ValidationError, match="Input should be 'nlac', 'rft', 'grpo' or 'ppo'"):
@@ -198,6 +277,8 @@ def test_two_iterations_carry_the_policy_target_and_buffer_on(tiny_model_dir, tm
         assert first[key] is not None, key
     assert first["roles"]["language_critic"]["requests"] == 6 and first["roles"]["refiner"]["invalid"] == 0
     assert json.loads((d / "metrics.json").read_text())["buffer"]["size"] == 4
+    # The trained critic against the oracle, on the transitions never drawn (the untrained tiny model writes no critique)
+    assert first["critic_accuracy"]["transitions"] == sum(r["trained"] == 0 for r in buffer)
     assert [e["step"] for e in json.loads((d / "loss.json").read_text())] == [1, 2]
     assert (d / "target/model.safetensors").read_bytes() != (d / "model/model.safetensors").read_bytes()  # theta-bar lags theta
     second = run_nlac_iteration(p, 2, tmp_path / "data/iteration2/nlac", tmp_path / "data/iteration2/nlac_collect")

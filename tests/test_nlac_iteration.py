@@ -61,3 +61,44 @@ def test_an_nlac_iteration_runs_as_a_dvc_stage_and_reruns_alone(tmp_path):
     assert {name: (d / name).read_bytes() for name in tables} == tables
     shown = run([str(BIN / "retrosight"), "inspect"], project).stdout
     assert "iteration1_nlac.buffer" in shown and "iteration1_nlac_collect.trajectories" in shown
+
+
+@pytest.mark.system
+def test_every_nlac_role_on_vllms_openai_server_through_one_iteration(tiny_model_dir, untied_model_dir, tmp_path, monkeypatch):
+    """The critic, the backup and the refiner on backend openai, at vLLM's OpenAI-compatible server
+    started as docs/roles.md starts it, serving a tiny model: one NLAC iteration's requests reach it
+    (every answer is in the response cache under the served model), and metrics.json counts them
+    per role. The untrained model's texts need not parse: those failures are counted, the stage
+    allowed them (max_failure_rate 1)."""
+    import sqlite3
+
+    from tasks.nlac import run_nlac_iteration
+    from tasks.params import Params
+    from vllm_server import serving
+
+    monkeypatch.chdir(tmp_path)
+    with serving(untied_model_dir, tmp_path / "serve.log") as server:
+        role = {"backend": "openai", "model": "tiny", "base_url": server.url, "concurrency": 8, "max_retries": 1, "parse_attempts": 2,
+                "max_failure_rate": 1.0, "sampling": {"temperature": 1.0, "top_p": 1.0, "max_new_tokens": 24}}
+        raw = tiny_params({"limit_tasks": 1, "env": {"max_turns": 3}, "nlac_iterations": {"1": {"policy": str(tiny_model_dir)}},
+                           "nlac": {**ONE["nlac"], "batch_size": 3, "critic_eval": 0},
+                           "roles": {"language_critic": role, "backup": role, "refiner": role}})
+        p = Params.model_validate(raw)
+        metrics = run_nlac_iteration(p, 1, tmp_path / "data/iteration1/nlac", tmp_path / "data/iteration1/nlac_collect")
+        assert server.proc.poll() is None
+    assert metrics["backends"] == {"language_critic": "openai", "backup": "openai", "refiner": "openai"}
+    roles = metrics["roles"]
+    futures = roles["backup"]["bootstrap_futures"]
+    # Every drawn transition asked each role once (2 steps of 3); the backup first bootstrapped the non-terminal ones' futures.
+    assert roles["language_critic"]["requests"] == roles["backup"]["requests"] == roles["refiner"]["requests"] == 6
+    assert 1 <= futures["requests"] <= 6
+    for stats in (*roles.values(), futures):
+        assert stats["ok"] + stats["invalid"] + stats["failed"] == stats["requests"]
+    # What reached the server: one answer cached per attempt sent (a request whose input failed, a
+    # refinement without a critique, is counted failed and never sent: 0 attempts)
+    sent = sum(roles[name]["attempts"] for name in ("language_critic", "backup", "refiner")) + futures["attempts"]
+    with sqlite3.connect(raw["cache"]["path"]) as db:
+        answered = db.execute("SELECT count(*) FROM responses WHERE backend = 'openai' AND model = 'tiny@127.0.0.1'").fetchone()[0]
+    assert answered == sent >= 6 + futures["requests"]  # the critic's and the futures' at least
+    samples = pq.read_table(tmp_path / "data/iteration1/nlac/samples.parquet").to_pylist()
+    assert len(samples) == 6 and {s["critique_status"] for s in samples} <= {"ok", "invalid"}

@@ -12,8 +12,11 @@ its language critic, trained by two NLLs on transitions drawn from a prioritised
 - Both losses are SFT on one assistant message after a prompt, the mask on that message alone
   (online_dpo.encode): L1's prompt is the critic's (s_t, a_t, the critic instruction; never the next
   observation the target saw), L2's the policy's own s_t (never a_t or its critique).
-- One AdamW step on the weighted L1 + L2 of a drawn batch: Algorithm 1's two steps at lambda1 =
-  lambda2 (the paper gives one learning rate) taken together.
+- `update: separate` is Algorithm 1's lines 8-9: a step on the batch's weighted L1 at lambda1, then
+  a step on its L2 (at the weights after the first) at lambda2, each by an AdamW of its own, so
+  each loss's gradient is scaled by its own moments and neither sets the other's step size.
+  `joint` takes one AdamW step on L1 + L2 at lambda1 (the two steps taken together): there the
+  larger loss's gradient sets the step, on the tiny model the critique's.
 - The targets and refinements of a batch are generated at the weights of that step
   (`examples_for` is called with theta and theta-bar as they stand): the roles on the `policy`
   backend read them in process, the oracle's do not depend on them. theta-bar is kept either way.
@@ -128,7 +131,7 @@ def _weighted(model, tokenizer, rows: list[dict | None], weights: torch.Tensor, 
 def train(
     model, target, tokenizer, priorities: np.ndarray, examples_for: Callable[[np.ndarray, int], list[Example]], *, steps: int, batch_size: int,
     learning_rate: float, weight_decay: float, max_grad_norm: float | None, tau: float, alpha: float, beta: float, epsilon: float,
-    token_mean: bool, bf16: bool, seed: int,
+    token_mean: bool, bf16: bool, seed: int, update: str = "separate", learning_rate_l2: float | None = None,
 ) -> dict:
     """Trains `model` (theta) in place and moves `target` (theta-bar) after it; `examples_for(drawn
     indices, step)` writes the drawn transitions' targets with the roles, at the weights as they
@@ -138,7 +141,10 @@ def train(
     torch.manual_seed(seed)
     device = next(model.parameters()).device
     context = model.config.max_position_embeddings
-    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+    if update not in ("separate", "joint"):
+        raise ValueError(f"update: {update!r}, expected separate or joint")
+    l1_opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=weight_decay)
+    l2_opt = torch.optim.AdamW(model.parameters(), lr=learning_rate_l2 or learning_rate, weight_decay=weight_decay) if update == "separate" else None
     priorities, draws = priorities.astype(np.float64).copy(), np.zeros(len(priorities), dtype=np.int64)
     curve, samples = [], []
     for step in range(steps):
@@ -150,18 +156,19 @@ def train(
         critic_rows = [encoded(tokenizer, e.critic_prompt, e.target, context) for e in examples]
         policy_rows = [encoded(tokenizer, e.policy_prompt, e.refined, context) for e in examples]
         w = torch.tensor(weights, dtype=torch.float32, device=device)
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            l1, l1_each = _weighted(model, tokenizer, critic_rows, w, token_mean)
-            l2, l2_each = _weighted(model, tokenizer, policy_rows, w, token_mean)
-            loss = l1 + l2
-        if not math.isfinite(loss.item()):
-            raise TrainingDiverged(step, loss.item(), f"the NLAC loss is {loss.item()} at step {step}")
-        if loss.requires_grad:
-            optimizer.zero_grad()
-            loss.backward()
-            if max_grad_norm is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-            optimizer.step()
+        if l2_opt is None:  # joint: one step on L1 + L2
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                l1, l1_each = _weighted(model, tokenizer, critic_rows, w, token_mean)
+                l2, l2_each = _weighted(model, tokenizer, policy_rows, w, token_mean)
+            _step(l1_opt, model, l1 + l2, max_grad_norm, step)
+        else:  # Algorithm 1's line 8, then line 9 at the weights line 8 left
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                l1, l1_each = _weighted(model, tokenizer, critic_rows, w, token_mean)
+            _step(l1_opt, model, l1, max_grad_norm, step)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                l2, l2_each = _weighted(model, tokenizer, policy_rows, w, token_mean)
+            _step(l2_opt, model, l2, max_grad_norm, step)
+        loss = l1.detach() + l2.detach()
         ema_step(target, model, tau)
         for e, i, wi, a, b in zip(examples, drawn, weights, l1_each, l2_each, strict=True):
             samples.append({**e.record, "step": step, "weight": float(wi), "priority": float(priorities[i]), "l1": a, "l2": b})
@@ -170,6 +177,19 @@ def train(
         curve.append({"step": step + 1, "loss": round(loss.item(), 6), "l1": _mean(l1_each), "l2": _mean(l2_each),
                       "l1_samples": sum(v is not None for v in l1_each), "l2_samples": sum(v is not None for v in l2_each)})
     return {"curve": curve, "samples": samples, "priorities": priorities, "draws": draws}
+
+
+def _step(optimizer, model, loss: torch.Tensor, max_grad_norm: float | None, step: int) -> None:
+    """One optimizer step on `loss`; none when no row had a target (a zero without a graph)."""
+    if not math.isfinite(loss.item()):
+        raise TrainingDiverged(step, loss.item(), f"the NLAC loss is {loss.item()} at step {step}")
+    if not loss.requires_grad:
+        return
+    optimizer.zero_grad()
+    loss.backward()
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
 
 
 def _mean(values: list[float | None]) -> float | None:
