@@ -1,7 +1,7 @@
 """The miniature reproductions: held-out success and return over seeds, arm against arm.
 
     python bench/hindsight_repro.py [--preset bench/presets/hope_20q.yaml] [--seeds 0 1 2]
-                                    [--out bench/out/repro] [--set relabel.n=2 ...] [--stepagent]
+                                    [--out bench/out/repro] [--set relabel.n=2 ...] [--stepagent | --qa | --nlac]
 
 For each seed, runs every stage (bootstrap -> collect -> forward -> summarize -> relabel ->
 regenerate -> label -> standardize -> HOPE's buffer, critic and actor, and again without
@@ -29,7 +29,17 @@ so seeds vary the logged data, hindsight, training and evaluation episodes aroun
 bench/presets/hr_persuasion.yaml, compares training arms only). --stepagent runs StepAgent's
 miniature instead of hindsight and HOPE's actor-critic: bootstrap -> collect -> label ->
 standardize -> expert -> practice -> StepAgent-Implicit and -Inverse from the same practice pairs
--> train (the preset's arms: RFT, ETO) -> evaluate, StepAgent's variants measured against ETO. With roles.forward.backend
+-> train (the preset's arms: RFT, ETO) -> evaluate, StepAgent's variants measured against ETO. --qa runs Refit/Swift's
+miniature on the QA teacher (bench/presets/refit_swift_qa.yaml): bootstrap -> collect (three
+temperatures) -> label (the judge) -> standardize -> train (Refit, Swift and their baselines;
+StepDPO rolls its branches out inside train) -> evaluate, each arm measured against the next in the
+paper's order (QA_AGAINST), exact-match accuracy as success and the judge's score as return. --nlac runs NLAC's miniature: bootstrap, then each arm
+(NLAC, and the preset's train.methods: its baselines RFT, GRPO and PPO) runs the preset's
+nlac_iterations (their count; each collects with the arm's current policy, then trains NLAC's L1 and
+L2 or the baseline's method on its games) from the same base into d/<arm>/iterationK, every arm at
+nlac.steps optimizer steps an iteration (the baselines' gradient_steps are held to it), then evaluate;
+every arm is measured against GRPO, and the table keeps each arm's iterations (steps, success on its
+games, NLAC's L1, L2 and critic accuracy). With roles.forward.backend
 learned, each seed's forward stage trains HR's forward models on its own logged dialogues and
 regenerate uses them.
 """
@@ -73,6 +83,11 @@ ACTOR_CRITIC = ("buffer", "critic", "actor", "buffer_prm", "critic_prm", "actor_
 STEPAGENT = ("expert", "practice", "stepagent", "stepagent_inverse")
 # StepAgent's miniature needs no hindsight: RFT and ETO learn from the logged games as collected
 HINDSIGHT = ("forward", "summarize", "relabel", "regenerate")
+# Refit/Swift's QA miniature: each arm against the one after it in the paper's order (its twelve
+# reasoning experiments: Swift 0.660 >= Refit 0.638 > STaR-GATE 0.607 > STaR-GATE-D 0.570, DPO and
+# StepDPO 0.525 > base 0.316); STaR-GATE-D against the policy it distils. Every arm is also against
+# the base (versus_base).
+QA_AGAINST = {"swift": "refit", "refit": "star_gate", "star_gate": "dpo", "star_gate_d": "star_gate", "dpo": "bootstrap", "step_dpo": "bootstrap"}
 
 
 def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[str] = UPSTREAM, base: Path | None = None,
@@ -127,9 +142,13 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
                                    expert=d / "expert/trajectories.parquet" if "expert" not in skip else None),
         "evaluate": lambda: run_evaluate(params, d / "train", d / "evaluate", d / "evaluate_checkpoints"),  # resumes policy by policy
     }
-    for stage in STAGES:
-        if stage in skip:
-            continue
+    return run_stages(params.seed, d, [s for s in STAGES if s not in skip], steps, upstream, reuse, base)
+
+
+def run_stages(seed: int, d: Path, order: list[str], steps: dict, upstream: Path | None, reuse: list[str], base: Path | None) -> dict:
+    """Runs the stages in order, each into d/<stage> (a stage may be a path, d/<arm>/iterationK),
+    skipping those finished earlier; returns evaluate's metrics."""
+    for stage in order:
         if stage == "bootstrap" and base is not None:
             shutil.copytree(base, d / stage, dirs_exist_ok=True)
             continue
@@ -138,13 +157,80 @@ def run_seed(params: Params, d: Path, upstream: Path | None = None, reuse: list[
             continue
         done = d / stage / ".finished"  # a stopped run resumes after its last finished stage
         if done.exists():
-            print(f"[seed {params.seed}] {stage} finished earlier, kept", flush=True)
+            print(f"[seed {seed}] {stage} finished earlier, kept", flush=True)
             continue
         t0 = time.time()
         steps[stage]()
+        done.parent.mkdir(parents=True, exist_ok=True)
         done.write_text(f"{time.time() - t0:.0f} s\n")
-        print(f"[seed {params.seed}] {stage} done in {time.time() - t0:.0f}s", flush=True)
+        print(f"[seed {seed}] {stage} done in {time.time() - t0:.0f}s", flush=True)
     return json.loads((d / "evaluate/metrics.json").read_text())
+
+
+def nlac_arms(params: Params) -> dict[str, str]:
+    """NLAC's miniature's arms, each by its nlac.algorithm: nlac, then train.methods, NLAC's
+    baselines (RFT, GRPO, PPO: rft, grpo, ppo_returns), in params order."""
+    from tasks.params import NLAC_BASELINES
+
+    by_method = {method: name for name, method in NLAC_BASELINES.items()}
+    wrong = {name: m.algorithm for name, m in params.train.methods.items() if m.algorithm not in by_method}
+    if wrong or "nlac" in params.train.methods:
+        sys.exit(f"--nlac: train.methods are NLAC's baselines ({', '.join(by_method)}; none named nlac), got {wrong or 'nlac'}")
+    return {"nlac": "nlac", **{name: by_method[m.algorithm] for name, m in params.train.methods.items()}}
+
+
+def run_nlac_seed(params: Params, d: Path, iterations: int, base: Path | None = None) -> dict:
+    """NLAC's miniature for one seed: bootstrap, then every arm's `iterations` NLAC iterations from
+    the seed's base (d/<arm>/iterationK/nlac, its games in nlac_collect; a baseline arm trains its
+    method on each iteration's games instead of L1 and L2), then evaluate plays the base and every
+    arm's last policy."""
+    from tasks.bootstrap import run_bootstrap
+    from tasks.evaluate import run_evaluate
+    from tasks.nlac import run_nlac_iteration
+    from tasks.params import NlacParams
+
+    arms = nlac_arms(params)
+    first = d / "bootstrap/model"
+
+    def iteration(arm: str, k: int) -> None:
+        method = None if arm == "nlac" else params.train.methods[arm].model_dump()
+        nlac = NlacParams.model_validate({**params.nlac.model_dump(), "algorithm": arms[arm], "method": method})
+        previous = d / arm / f"iteration{k - 1}/nlac" if k > 1 else None
+        run_nlac_iteration(params.model_copy(update={"nlac": nlac}), k, d / arm / f"iteration{k}/nlac", d / arm / f"iteration{k}/nlac_collect",
+                           policy=previous / "model" if previous else first, previous=previous, base=first)
+
+    def evaluate() -> None:
+        # evaluate plays train.methods from <train_dir>/models/<name>: each baseline arm's last policy, linked there
+        models = d / "arms/models"
+        models.mkdir(parents=True, exist_ok=True)
+        for arm in params.train.methods:
+            link = models / arm
+            link.unlink(missing_ok=True)
+            link.symlink_to(os.path.relpath(d / arm / f"iteration{iterations}/nlac/model", models))
+        run_evaluate(params, d / "arms", d / "evaluate", d / "evaluate_checkpoints")
+
+    steps = {"bootstrap": lambda: run_bootstrap(params, d / "bootstrap"), "evaluate": evaluate}
+    order = ["bootstrap"]
+    for arm in arms:
+        for k in range(1, iterations + 1):
+            steps[f"{arm}/iteration{k}"] = lambda arm=arm, k=k: iteration(arm, k)
+            order.append(f"{arm}/iteration{k}")
+    return run_stages(params.seed, d, [*order, "evaluate"], steps, None, [], base)
+
+
+def nlac_training(d: Path, arms: list[str], iterations: int) -> dict:
+    """Each arm's iterations as their metrics.json tell them: the games they collected, the
+    optimizer steps they took, and NLAC's losses, critique shares and critic accuracy."""
+    keep = ("success_on_collect", "seconds", "first_l1", "final_l1", "first_l2", "final_l2", "optimality_no_share",
+            "target_optimality_no_share", "refined_changed_share", "critic_accuracy")
+    out = {}
+    for arm in arms:
+        out[arm] = []
+        for k in range(1, iterations + 1):
+            m = json.loads((d / arm / f"iteration{k}/nlac/metrics.json").read_text())
+            # an NLAC step is Algorithm 1's lines 8-10 on a drawn batch (its L1 and its L2 update)
+            out[arm].append({"steps": m["steps"] if arm == "nlac" else m["optimizer_steps"], **{key: m[key] for key in keep if key in m}})
+    return out
 
 
 def make_base(base: Path, raw: dict) -> None:
@@ -236,7 +322,11 @@ def load_seed(results_dir: Path, seed: int, raw: dict, base: dict | None) -> tup
 T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
-def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict) -> dict:
+def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict, chain: dict[str, str] | None = None,
+            versus: str | None = None) -> dict:
+    """The table over seeds. chain: arm -> the arm it is measured against, over the defaults (a
+    hindsight arm's logged-only arm; HOPE's, PRM+RL's; StepAgent's, ETO); versus (NLAC's miniature:
+    GRPO's arm) pairs every other arm against it."""
     seeds = list(results)
     first = results[seeds[0]]
     splits = [*first["splits"], "heldout"]
@@ -256,6 +346,9 @@ def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict) 
         against[name] = "actor_prm" if name == "actor" else f"{name}[prm]" if "+best_of_" in name and not name.endswith("]") else against.get(name)
     for name in ("stepagent", "stepagent_inverse"):  # StepAgent's variants against ETO, as its Table 2
         against[name] = "eto"
+    against.update(chain or {})
+    if versus is not None:
+        against = {name: versus for name in first["policies"] if name not in ("bootstrap", versus)}
     def over_seeds(name: str, base: str) -> dict:
         a = {(s, *k): v for s in seeds for k, v in episodes[s][name].items()}
         b = {(s, *k): v for s in seeds for k, v in episodes[s][base].items()}
@@ -278,6 +371,8 @@ def compare(results: dict[int, dict], episodes: dict[int, dict], methods: dict) 
         if base is None or base not in first["policies"]:
             continue
         table["paired"][name] = {"against": base, **over_seeds(name, base), "seeds": seed_by_seed(name, base)}
+    if "training" in first:  # NLAC's miniature: each arm's iterations, seed by seed
+        table["training"] = {str(s): results[s]["training"] for s in seeds}
     # and every policy against the base it started from: does anything beat it?
     table["versus_base"] = {name: {**over_seeds(name, "bootstrap"), "seeds": seed_by_seed(name, "bootstrap")}
                             for name in first["policies"] if name != "bootstrap"}
@@ -296,7 +391,7 @@ def show(table: dict, sets: list[str], preset: Path | None) -> None:
         print(f"{name:<{w}}{cells}  " + " ".join(f"{x:.3f}" for x in row["heldout"]["success_rate"]["by_seed"]))
     if table["paired"]:
         print("\nEach arm minus the one it is measured against (a hindsight arm: its logged-only arm; HOPE's critic and actor: PRM+RL's; "
-              "StepAgent's: ETO), paired over the same episodes (95% interval):")
+              "StepAgent's: ETO; Refit/Swift's QA arms: the next in the paper's order; NLAC's miniature: GRPO), paired over the same episodes (95% interval):")
         for name, p in table["paired"].items():
             cells = "; ".join(
                 f"{s} success {p[s]['success']['diff']:+.3f} [{p[s]['success']['ci95'][0]:+.3f}, {p[s]['success']['ci95'][1]:+.3f}], "
@@ -309,6 +404,29 @@ def show(table: dict, sets: list[str], preset: Path | None) -> None:
         print(f"  {name} - bootstrap (n = {h['episodes']}): success {h['success']['diff']:+.3f} [{h['success']['ci95'][0]:+.3f}, "
               f"{h['success']['ci95'][1]:+.3f}], return {h['return']['diff']:+.2f} [{h['return']['ci95'][0]:+.2f}, {h['return']['ci95'][1]:+.2f}]; "
               f"{_by_seed(p['seeds'])}")
+
+
+def show_training(training: dict) -> None:
+    """NLAC's miniature: each arm's iterations, seed by seed: steps, success on its games, and NLAC's
+    L1, L2 and critic against the oracle."""
+    print("\nTraining, by seed and iteration (steps; success on the iteration's games; NLAC: L1 and L2 first -> final, "
+          "the trained critic's Optimality against the oracle's on undrawn transitions):")
+    for seed, arms in training.items():
+        for arm, its in arms.items():
+            cells = []
+            for k, it in enumerate(its, start=1):
+                cell = f"it{k}: {it['steps']} steps, train success {it['success_on_collect'].get('train', float('nan')):.3f}"
+                if "first_l1" in it:
+                    acc = it.get("critic_accuracy") or {}
+                    cell += (f", L1 {_num(it['first_l1'])} -> {_num(it['final_l1'])}, L2 {_num(it['first_l2'])} -> {_num(it['final_l2'])}, "
+                             f"critic accuracy {_num(acc.get('accuracy'))} on {acc.get('parsed')}/{acc.get('transitions')} parsed "
+                             f"(majority {_num(acc.get('majority'))})")
+                cells.append(cell)
+            print(f"  seed {seed} {arm}: " + "; ".join(cells))
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.3f}"
 
 
 def _by_seed(seeds: dict) -> str:
@@ -330,6 +448,24 @@ def write_results(table: dict, out: Path) -> None:
     import vl_convert
 
     (out / "success.svg").write_text(vl_convert.vegalite_to_svg(arm_seed_spec(points, ROOT / ARM_SEED_TEMPLATE)))
+
+
+def equal_steps(raw: dict) -> None:
+    """NLAC's miniature gives every arm the same optimizer steps an iteration, as the paper gives
+    every method the same count: each baseline of train.methods is held to nlac.steps (its
+    gradient_steps, set here when left out); one set to another count is refused."""
+    if not raw.get("nlac_iterations"):
+        sys.exit("--nlac: the preset gives no nlac_iterations (their count is every arm's iterations)")
+    steps = raw["nlac"]["steps"]
+    for name, method in raw["train"]["methods"].items():
+        algorithm = method["algorithm"]
+        if algorithm in ("grpo", "ppo_returns"):  # their trainers' own key
+            method[algorithm] = holder = method.get(algorithm) or {}
+        else:
+            holder = method
+        if holder.get("gradient_steps") not in (None, steps):
+            sys.exit(f"--nlac: train.methods.{name} takes {holder['gradient_steps']} gradient steps, nlac.steps {steps}: every arm takes the same")
+        holder["gradient_steps"] = steps
 
 
 # glibc keeps what a stage frees for reuse: the critic's batches of every length grew a seed's
@@ -354,10 +490,19 @@ def main() -> None:
                     help="one bootstrap output (DIR/model, ...) every seed starts from, instead of its own; trained there with seed 0's "
                          "params when missing (default DIR: bench/out/base/<preset's name>)")
     ap.add_argument("--no-actor-critic", action="store_true", help="leave out HOPE's buffer, critic and actor, with and without hindsight (HR's miniature)")
-    ap.add_argument("--stepagent", action="store_true",
-                    help="StepAgent's miniature: expert, practice, Implicit and Inverse beside the train methods (RFT, ETO), "
-                         "without hindsight or HOPE's actor-critic")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--stepagent", action="store_true",
+                      help="StepAgent's miniature: expert, practice, Implicit and Inverse beside the train methods (RFT, ETO), "
+                           "without hindsight or HOPE's actor-critic")
+    mode.add_argument("--qa", action="store_true",
+                      help="Refit/Swift's QA teacher miniature: the train methods alone (Refit, Swift and their baselines), "
+                           "each against the next in the paper's order, without hindsight, HOPE's actor-critic or StepAgent")
+    mode.add_argument("--nlac", action="store_true",
+                      help="NLAC's miniature: every arm (nlac and train.methods, its baselines) runs the preset's nlac_iterations from the "
+                           "same base at nlac.steps optimizer steps an iteration, without hindsight, HOPE's actor-critic or the train stage")
     args = ap.parse_args()
+    if args.nlac and (args.no_actor_critic or args.upstream):
+        ap.error("--nlac runs its own stages: not with --no-actor-critic or --upstream")
     if args.base == DEFAULT_BASE:
         args.base = ROOT / "bench/out/base" / (args.preset.stem if args.preset else "params")
 
@@ -369,25 +514,32 @@ def main() -> None:
         # outside --stepagent, StepAgent's policy is not played (as a seed saved before it reads)
         for s in [*([] if args.stepagent else ["evaluate.stepagent=null"]), *args.sets, f"seed={seed}"]:
             override(raw, s)
+        if args.nlac:
+            equal_steps(raw)
         return raw
 
     base_raw = seed_params(0) if args.base is not None else None
-    skip = ACTOR_CRITIC + HINDSIGHT if args.stepagent else ACTOR_CRITIC + STEPAGENT if args.no_actor_critic else STEPAGENT
+    skip = (ACTOR_CRITIC + HINDSIGHT if args.stepagent else ACTOR_CRITIC + HINDSIGHT + STEPAGENT if args.qa
+            else ACTOR_CRITIC + STEPAGENT if args.no_actor_critic else STEPAGENT)
+    plain_arms = args.no_actor_critic or args.stepagent or args.qa or args.nlac  # no actor, critic or best-of-N played
     results, episodes, t_all = {}, {}, time.time()
     for seed in args.seeds:
         raw = seed_params(seed)
         plain = copy.deepcopy(raw)
         d = args.out / f"seed{seed}"
         override(raw, f"train.base_model={d / 'bootstrap/model'}")
-        if args.no_actor_critic or args.stepagent:
+        if plain_arms:
             for s in ("evaluate.actor=null", "evaluate.extra={}", "evaluate.best_of_n.policies=[]"):
                 override(raw, s)
+        if args.nlac:  # evaluate plays the NLAC arm's last policy beside the baselines' (run_nlac_seed)
+            last = d / "nlac" / f"iteration{len(raw['nlac_iterations'])}/nlac/model"
+            override(raw, f"evaluate.extra={{nlac: {last}}}")
         if args.stepagent:  # the seed's base practises and starts both variants; evaluate plays Implicit's and Inverse's
             override(raw, f"practice.model={d / 'bootstrap/model'}")
             override(raw, f"stepagent.base_model={d / 'bootstrap/model'}")
             override(raw, f"evaluate.stepagent={d / 'stepagent/model'}")
             override(raw, f"evaluate.extra={{stepagent_inverse: {d / 'stepagent_inverse/model'}}}")
-        if not (args.no_actor_critic or args.stepagent):
+        if not plain_arms:
             override(raw, f"critic.base_model={d / 'bootstrap/model'}")
             override(raw, f"evaluate.best_of_n.critic={d / 'critic/model'}")  # the seed's critic picks for best-of-N
             override(raw, f"actor.base_model={d / 'bootstrap/model'}")
@@ -416,14 +568,23 @@ def main() -> None:
         written.write_text(wanted)
         if args.base is not None and not done.exists():  # only a seed that runs needs the base: saved seeds read back without it
             make_base(args.base, base_raw)
-        results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base, skip)
+        if args.nlac:
+            iterations = len(params.nlac_iterations)
+            results[seed] = json.loads(done.read_text()) if done.exists() else run_nlac_seed(params, d, iterations, args.base)
+            results[seed]["training"] = nlac_training(d, list(nlac_arms(params)), iterations)
+        else:
+            results[seed] = json.loads(done.read_text()) if done.exists() else run_seed(params, d, up, args.reuse, args.base, skip)
         episodes[seed] = episodes_of(d, results[seed])
         if args.results is not None:
             save_seed(args.results, seed, plain, base_raw, results[seed], episodes[seed])
 
     methods = {name: m.model_dump() for name, m in params.train.methods.items()}
-    table = compare(results, episodes, methods)
+    # NLAC's miniature: every arm against GRPO, NLAC's strongest 20Q baseline (NLAC > GRPO > RFT)
+    versus = next((name for name, m in methods.items() if m["algorithm"] == "grpo"), None) if args.nlac else None
+    table = compare(results, episodes, methods, QA_AGAINST if args.qa else None, versus)
     show(table, args.sets, args.preset)
+    if "training" in table:
+        show_training(table["training"])
     if args.results:
         write_results(table, args.results)
         print(f"\nwrote {args.results}/table.json, success.json, success.svg")

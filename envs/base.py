@@ -104,6 +104,7 @@ class Label:
     reward: float | None
     success: bool | None
     reason: str
+    scores: Mapping[str, float] | None = None  # an oracle rubric judge's criteria and Overall (the labels' scores column)
 
 
 class Game(ABC):
@@ -355,3 +356,28 @@ class Environment(ABC):
     def judge_request(self, task_id: str, turns: Sequence[Mapping]) -> Request[dict[str, float]]:
         """Refit's rubric judge: criteria scored 0-10 and "Overall"."""
         raise _missing(self, "LLM judge prompt")
+
+    # ---- NLAC's language critic, backup and refiner (envs/nlac.py) ----
+
+    def oracle_critique(self, task: Task, turns: Sequence[Mapping], text: str):
+        """NLAC's oracle critic: an envs.nlac.Critique of the agent's text after the logged turns."""
+        raise _missing(self, "oracle language critic (roles.language_critic)")
+
+    def oracle_backup(self, task: Task, turns: Sequence[Mapping], turn: Mapping, terminal: bool, final_return: float):
+        """NLAC's oracle backup: the Critique that is L1's target for a logged transition, the turn
+        record `turn` played after `turns` (its observation the one it got); a terminal one's
+        future is grounded in the game's outcome and return."""
+        raise _missing(self, "oracle language-critic backup (roles.backup)")
+
+    def critic_request(self, state: Sequence[Message], action: Message) -> Request:
+        raise _missing(self, "NLAC critic prompt")
+
+    def future_request(self, state: Sequence[Message], action: Message, observation: Sequence[Message]) -> Request[str]:
+        raise _missing(self, "NLAC bootstrap prompt")
+
+    def target_request(self, state: Sequence[Message], action: Message, observation: Sequence[Message], future: str | None, reward: float,
+                       terminal: bool) -> Request:
+        raise _missing(self, "NLAC backup prompt")
+
+    def refine_request(self, state: Sequence[Message], action: Message, critique: str) -> Request[str]:
+        raise _missing(self, "NLAC refinement prompt")

@@ -10,8 +10,9 @@ class Rubric:
     def __init__(self, criteria: tuple[str, ...]):
         self.criteria = criteria
         names = "|".join(map(re.escape, criteria))
-        # "Progress: 6", "**Progress**: 6", "Progress: **6**"; case-insensitive, one per line.
-        self._line = re.compile(r"^\s*\**\s*(%s)\s*\**\s*:\s*\**\s*(-?\d+(?:\.\d+)?)" % names, re.I | re.M)
+        # "Progress: 6", "**Progress**: 6", "Progress: **6**", "2. Progress: 6", "- Progress: [6]"
+        # (a list item; the score in the brackets of Refit's format line); case-insensitive, one per line.
+        self._line = re.compile(r"^\s*(?:\d+[.)]\s*|[-*]\s+)?\**\s*(%s)\s*\**\s*:\s*\**\s*\[?\s*(-?\d+(?:\.\d+)?)" % names, re.I | re.M)
 
     def parse(self, text: str) -> dict[str, float]:
         """Every criterion's score, Overall included. Overall is read, never recomputed: a judge's

@@ -38,8 +38,9 @@ STAGE_FLOWS = {
     "train": "flows.train:train_flow",
     "evaluate": "flows.evaluate:evaluate_flow",
     "iteration": "flows.iteration:iteration_flow",  # dvc.yaml's foreach: `iteration@K`
+    "nlac_iteration": "flows.nlac_iteration:nlac_iteration_flow",  # foreach: `nlac_iteration@K`
 }
-FOREACH = ("iteration", "stepagent_iteration")  # dvc.yaml's foreach groups: one stage per iteration K
+FOREACH = ("iteration", "stepagent_iteration", "nlac_iteration")  # dvc.yaml's foreach groups: one stage per iteration K
 
 
 def _stage_flow(group: str):

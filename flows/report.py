@@ -102,14 +102,25 @@ def arm_seed_spec(points: list[dict], template: Path, title: str = "Success by a
 
 def read_repro(results: Path, template: Path) -> tuple[dict, list[int], list[tuple[str, str, list[float]]]]:
     """A reproduction's --results directory: the plot of its success.json, its seeds, and per arm
-    its held-out success over seeds as (arm, "mean ± se", by seed) from table.json."""
+    from table.json (arm, held-out success "mean ± se", its by seed, held-out mean return "mean ±
+    se", and the arm it is paired against with the success difference and its 95% interval over
+    episodes). Success and return are the environment's: in the QA teacher, exact-match accuracy
+    and the judge's score (Overall / 10). A cell the table lacks is "–"."""
     missing = [str(results / f) for f in ("table.json", "success.json") if not (results / f).is_file()]
     if missing:
         raise ValueError(f"report: {', '.join(missing)} not found: --repro takes the directory bench/hindsight_repro.py --results wrote")
     if not template.is_file():
         raise ValueError(f"report: no plot template {template} in the project")
     table = json.loads((results / "table.json").read_text())
-    rows = [(arm, f"{h['mean']:.3f} ± {h['se']:.3f}", h["by_seed"])
+    def paired(arm: str) -> str:
+        p = table.get("paired", {}).get(arm)
+        if not p:
+            return "–"
+        d = p["heldout"]["success"]
+        return f"{p['against']}: {d['diff']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+
+    rows = [(arm, f"{h['mean']:.3f} ± {h['se']:.3f}", h["by_seed"],
+             f"{r['mean']:.3f} ± {r['se']:.3f}" if (r := row["heldout"].get("mean_return")) else "–", paired(arm))
             for arm, row in table["policies"].items() if (h := row.get("heldout", {}).get("success_rate"))]
     return arm_seed_spec(json.loads((results / "success.json").read_text()), template), table["seeds"], rows
 
@@ -209,9 +220,11 @@ def _page(repo: Path, revs: list[str], commits: dict[str, str], plots: list, met
 
     if repro_rows:
         parts.append(f"<h2>Reproduction: {e(str(repro))}</h2>")
-        parts.append("<table><tr><th>arm</th><th>held-out success, mean ± se over seeds</th><th>by seed</th></tr>")
-        for arm, cell, by_seed in repro_rows:
-            parts.append(f'<tr><td>{e(arm)}</td><td class="num">{e(cell)}</td><td class="num">{e(" ".join(f"{x:.3f}" for x in by_seed))}</td></tr>')
+        parts.append("<table><tr><th>arm</th><th>held-out success, mean ± se over seeds</th><th>by seed</th>"
+                     "<th>held-out return, mean ± se over seeds</th><th>success minus the arm it is measured against (paired 95%)</th></tr>")
+        for arm, cell, by_seed, ret, against in repro_rows:
+            parts.append(f'<tr><td>{e(arm)}</td><td class="num">{e(cell)}</td><td class="num">{e(" ".join(f"{x:.3f}" for x in by_seed))}</td>'
+                         f'<td class="num">{e(ret)}</td><td class="num">{e(against)}</td></tr>')
         parts.append("</table>")
 
     parts.append("<h2>Plots</h2>")

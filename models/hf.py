@@ -104,6 +104,15 @@ class HFGenerator:
         # reads whole, past the positions it was trained on (a CarDealer dialogue on the tiny model)
         self.stats = {"prompt_tokens": 0, "prompt_tokens_reused": 0, "prompts_over_positions": 0}
 
+    @classmethod
+    def in_memory(cls, model, tokenizer, model_id: str, batch_size: int = 64) -> HFGenerator:
+        """A generator over a model being trained in this process (NLAC's roles at the current
+        weights). It keeps no dialogue's keys and values between calls: the weights change."""
+        gen = cls.__new__(cls)
+        gen.path, gen.tokenizer, gen.model, gen.batch_size, gen.model_id, gen.reuse_prefix = None, tokenizer, model, batch_size, model_id, False
+        gen._kept, gen.stats = {}, {"prompt_tokens": 0, "prompt_tokens_reused": 0, "prompts_over_positions": 0}
+        return gen
+
     def _ids(self, conversation: list[Message], generation_prompt: bool) -> list[int]:
         text = self.tokenizer.apply_chat_template(conversation, add_generation_prompt=generation_prompt, tokenize=False)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -302,8 +302,63 @@ DROPPED = TableSchema(
     ),
 )
 
+# NLAC's prioritised replay buffer (tasks/nlac.py): one row per transition (s_t, a_t, r_t, s_t+1) of
+# the episodes the policy collected, every iteration's, carried from one iteration to the next.
+NLAC_BUFFER = TableSchema(
+    "nlac_buffer",
+    1,
+    pa.schema(
+        [
+            _f("transition_id", pa.string()),  # sha256 of (trajectory_id, step)
+            _f("trajectory_id", pa.string()),  # the collected episode it is cut from
+            _f("task_id", pa.string()),
+            _f("split", pa.string()),
+            _f("step", pa.int32()),  # t, 0-based: the action's number in its episode
+            _f("state", MESSAGES),  # s_t: every message before the action
+            _f("action", MESSAGE),  # a_t, as the chat records it
+            _f("observation", MESSAGES),  # the messages that answered it (s_t+1 = state + action + observation)
+            _f("turns", pa.list_(_f("item", TURN))),  # the episode's turn records up to and including a_t's (the oracle roles' view)
+            _f("reward", pa.float64()),  # r_t
+            _f("terminal", pa.bool_()),  # a_t ended the episode
+            _f("return", pa.float64()),  # the episode's return (a terminal target's reward)
+            _f("priority", pa.float64()),  # PER's p_i: the last L1 it was trained with (+ epsilon); new: the buffer's max
+            _f("added", pa.int32()),  # the iteration that collected it
+            _f("trained", pa.int32()),  # how many times PER drew it so far
+            _f("policy_id", pa.string()),  # the policy that acted
+        ]
+    ),
+)
+
+# Every sample an NLAC iteration trained on (tasks/train/nlac.py): the L1 and L2 targets the roles
+# wrote and the losses, so any training example can be audited. A role's failure leaves its text null.
+NLAC_SAMPLES = TableSchema(
+    "nlac_samples",
+    1,
+    pa.schema(
+        [
+            _f("step", pa.int32()),  # the optimizer step
+            _f("transition_id", pa.string()),
+            _f("weight", pa.float64()),  # PER's importance weight
+            _f("priority", pa.float64()),  # the transition's priority when drawn
+            _f("target", pa.string(), nullable=True),  # L1's target: the backup's critique of (s_t, a_t)
+            _f("target_status", pa.string()),  # ok | invalid | failed (roles.account)
+            _f("future", pa.string(), nullable=True),  # d_t+1, the bootstrapped future (LLM backup, non-terminal)
+            _f("action", pa.string(), nullable=True),  # the a_t critiqued and refined: fresh from the policy, or the stored one
+            _f("action_source", pa.string()),  # fresh | stored
+            _f("critique", pa.string(), nullable=True),  # Q_L(s_t, a_t) from the critic
+            _f("critique_status", pa.string()),
+            _f("optimal", pa.bool_(), nullable=True),  # the critique's Optimality
+            _f("refined", pa.string(), nullable=True),  # a_t^r, L2's target
+            _f("refined_status", pa.string()),
+            _f("changed", pa.bool_(), nullable=True),  # the refined action is another move than a_t (Environment.same_action)
+            _f("l1", pa.float64(), nullable=True),  # per-token NLL of the target under the critic prompt
+            _f("l2", pa.float64(), nullable=True),  # per-token NLL of the refined action under the policy prompt
+        ]
+    ),
+)
+
 SCHEMAS: dict[str, TableSchema] = {
-    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT, PAIRS, PREFERENCES, PRACTICE, DROPPED)
+    s.name: s for s in (TRAJECTORIES, QUARANTINE, SUMMARIES, RELABELS, LABELS, TRAINING, EXPORT, PAIRS, PREFERENCES, PRACTICE, DROPPED, NLAC_BUFFER, NLAC_SAMPLES)
 }
 
 # What makes a trajectory itself; outcome columns (turns, return, success) are derived from it.

@@ -55,6 +55,7 @@ ROLES = ("system", "user", "assistant", "tool")
 SPLITS = ("train", "val", "test")
 SOURCES = ("policy", "import", "regeneration")
 PREFERENCE_SOURCES = ("policy", "proposer")  # the actor's: who made a state's two candidates
+ROLE_STATUSES = ("ok", "invalid", "failed")  # tasks/roles.py's Outcome statuses
 PRACTICE_STATUSES = ("ok", "failed")  # practice's: a sample, or the backend gave up on it
 PAIR_SOURCES = ("on-policy", "hindsight")  # the buffer's: whether a logged trajectory passes through the pair
 # tasks.roles.Outcome: unparseable after retries, no answer, or an answer that the dialogue did not finish (HR's labeler step 1)
@@ -802,6 +803,15 @@ RULES: dict[str, Rules] = {
         text=("pair_id", "trajectory_id", "task_id", "split", "status", "policy_id", "prompt[].role", "expert.role", "agent.role"),
         enums={"split": SPLITS, "status": PRACTICE_STATUSES, "prompt[].role": ROLES, "expert.role": ("assistant",), "agent.role": ("assistant",)},
         rows=_practice_rules,
+    ),
+    "nlac_buffer": Rules(
+        key="transition_id",
+        text=("transition_id", "trajectory_id", "task_id", "split", "policy_id", "state[].role", "action.role", "observation[].role"),
+        enums={"split": SPLITS, "state[].role": ROLES, "action.role": ("assistant",), "observation[].role": ROLES},
+    ),
+    "nlac_samples": Rules(
+        text=("transition_id", "target_status", "action_source", "critique_status", "refined_status"),
+        enums={"target_status": ROLE_STATUSES, "action_source": ("fresh", "stored"), "critique_status": ROLE_STATUSES, "refined_status": ROLE_STATUSES},
     ),
     "preferences": Rules(
         key="key",

@@ -34,6 +34,7 @@ from tasks.rollout import (
     Episode,
     LMAgent,
     derive_seed,
+    episode_stats,
     new_episode,
     play,
     stats_by_split,
@@ -67,17 +68,24 @@ def collect_shard(params: Params, model_dir: Path, index: int, shards: int) -> S
     c, env = params.collect, params.env.environment()
     generator = policy_generator(params, model_dir, c.batch_size)
     agent = LMAgent(generator, SamplingParams(**c.sampling.model_dump()))
-    episodes = [
-        new_episode(env, task, derive_seed(params.seed, "collect", split, task.id, k))
-        for split, i, k in shard_episodes(params, shards)[index]
-        for task in [env.tasks(split)[i]]
-    ]
+    episodes = []
+    for split, i, k in shard_episodes(params, shards)[index]:
+        task = env.tasks(split)[i]
+        episodes.append(ep := new_episode(env, task, derive_seed(params.seed, "collect", split, task.id, k)))
+        if c.temperatures is not None:
+            ep.sampling = logging_sampling(params, k)
     simulator = make_simulator(params)
     play(episodes, agent, derive_seed(params.seed, "collect"), "collect", simulator)
     return ShardResult(
         episodes, generator.model_id, generation_stats(generator),
         None if simulator is None else simulator.outcomes, {} if simulator is None else generation_stats(simulator.gen),
     )
+
+
+def logging_sampling(params: Params, k: int) -> SamplingParams:
+    """Trajectory k's sampling with collect.temperatures: collect's, at temperature number k (cycling)."""
+    c = params.collect
+    return SamplingParams(**{**c.sampling.model_dump(), "temperature": c.temperatures[k % len(c.temperatures)]})
 
 
 def _in_order(fn: Callable[..., ShardResult], calls: list[tuple]) -> list[ShardResult]:
@@ -101,6 +109,9 @@ def run_collect(params: Params, model_dir: Path, out_dir: Path, map_shards: Shar
         "trajectories": len(rows),
         "tasks": len({(r["split"], r["task_id"]) for r in rows}),
         **stats_by_split(episodes),
+        # the logging temperatures side by side: the spread of rewards each adds to a task's group
+        **({"by_temperature": {f"{t:g}": episode_stats([e for e in episodes if e.sampling.temperature == t])
+                               for t in params.collect.temperatures}} if params.collect.temperatures else {}),
         **sum_stats([r.generation for r in results]),  # cache hits; prompt tokens the hf backend reused from the previous turn
         "seconds": round(time.time() - t0, 1),
     }

@@ -6,7 +6,10 @@ oracle labeler replays the actions; an LLM labeler follows HR's recipe: the task
 `few_shot` labelled games sampled uniformly from the original trajectories, then the game to
 label (the environment's labeler prompt); or Refit's rubric judge (its judge prompt: criteria
 scored 0-10 and an Overall score, the reward being Overall / 10, as Refit rescales it). A
-trajectory that cannot be labelled keeps a null reward with its status and reason.
+rubric's scores, the LLM judge's or an oracle judge's (the QA teacher's), go into the `scores`
+column; Overall is read, not recomputed, and metrics.json's `rubric_check` says how far it
+departs from the mean of the other criteria. A trajectory that cannot be labelled keeps a null
+reward with its status and reason.
 
 Where the environment's few-shot labeler has HR's two steps (`finished_request`: persuasion), they
 are two calls: step 1 asks whether the dialogue is finished, and only a finished one is asked
@@ -42,7 +45,7 @@ def _oracle_labels(env: Environment, trajs: list[dict]) -> list[tuple[float | No
         reason = label.reason
         if label.reward is not None and t["return"] is not None and t["return"] != label.reward:
             reason += f" (the logged return was {t['return']:g})"
-        out.append((label.reward, "ok" if label.reward is not None else "failed", reason, None))
+        out.append((label.reward, "ok" if label.reward is not None else "failed", reason, json.dumps(dict(label.scores)) if label.scores else None))
     return out
 
 
@@ -86,6 +89,22 @@ def _two_step_labels(role, env: Environment, trajs: list[dict], shots_of: list, 
             final[i] = Outcome("unfinished", None, o.text, o.attempts, "the labeler judged the dialogue unfinished (step 1: no donation decision)")
     calls = {**account(final, gen), "steps": {"finished": account(first), "amount": account(second)}}
     return [(o.value, o.status, o.reason, None) for o in final], calls
+
+
+def rubric_check(rows: list[dict]) -> dict | None:
+    """A rubric judge's Overall against the mean of its other criteria, over the rows it scored:
+    Overall is parsed, never recomputed (Refit's judge departs from the mean), and this says how
+    far it departs. None when no row has rubric scores."""
+    scored = [json.loads(r["scores"]) for r in rows if r["scores"]]
+    if not scored:
+        return None
+    gaps = [s["Overall"] - sum(v for k, v in s.items() if k != "Overall") / (len(s) - 1) for s in scored]
+    return {
+        "scored": len(gaps),
+        "mean_overall_minus_mean_of_criteria": round(sum(gaps) / len(gaps), 4),
+        "mean_abs_gap": round(sum(abs(g) for g in gaps) / len(gaps), 4),
+        "overall_is_the_mean": round(sum(abs(g) < 0.05 for g in gaps) / len(gaps), 4),  # to the judge's one decimal
+    }
 
 
 @dataclass(frozen=True)
@@ -139,6 +158,19 @@ def reward_histograms(rows: list[dict], scale: Scale) -> dict[str, list[dict]]:
     }
 
 
+def label_trajectories(params: Params, env: Environment, trajs: list[dict]) -> tuple[list[tuple], dict | None, str, str]:
+    """Each trajectory's (reward, status, reason, scores) by roles.labeler, the LLM calls' account
+    (None for the oracle), and the labeler's model and prompt hash. StepDPO's branches are judged
+    here too, by the same judge as the logged trajectories (tasks/train/step_dpo.py)."""
+    role = params.roles.labeler
+    if role.backend == "oracle":
+        version = env.oracle_version("labeler")
+        return _oracle_labels(env, trajs), None, version, version
+    gen = make_generator(role, params.cache.path)
+    labels, calls = _llm_labels(params, env, trajs, gen)
+    return labels, calls, gen.model_id, env.prompt_hash("judge" if role.mode == "rubric" else "labeler")
+
+
 def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> dict:
     """Labels every row of every trajectories table given; writes labels.parquet, metrics.json and
     the reward histograms plots/reward_logged.json and plots/reward_with_hindsight.json."""
@@ -150,14 +182,8 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
     dup = next((i for i, c in ids.items() if c > 1), None)
     if dup:
         raise ValueError(f"trajectory {dup} appears in more than one input table; labels are keyed by trajectory_id")
-    calls, env = None, params.env.environment()
-    if role.backend == "oracle":
-        version = env.oracle_version("labeler")
-        labels, model, prompt_hash = _oracle_labels(env, trajs), version, version
-    else:
-        gen = make_generator(role, params.cache.path)
-        labels, calls = _llm_labels(params, env, trajs, gen)
-        model, prompt_hash = gen.model_id, env.prompt_hash("judge" if role.mode == "rubric" else "labeler")
+    env = params.env.environment()
+    labels, calls, model, prompt_hash = label_trajectories(params, env, trajs)
     rows = [
         {
             "trajectory_id": t["trajectory_id"],
@@ -191,6 +217,7 @@ def run_label(params: Params, trajectory_files: list[Path], out_dir: Path) -> di
         "mean_reward": {s: _mean([r["reward"] for r in ok if r["source"] == s]) for s in sorted(by_source)},
         "success_rate": {s: round(sum(scale.won(r["reward"]) for r in ok if r["source"] == s) / by_source[s], 4) for s in sorted(by_source)},
         "calibration": calibration(rows, scale),
+        **({"rubric_check": check} if (check := rubric_check(rows)) else {}),
         **({"calls": calls} if calls else {}),
         "seconds": round(time.time() - t0, 1),
     }

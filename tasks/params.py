@@ -124,6 +124,15 @@ class LabelerRole(RoleParams):
     few_shot: int = Field(4, ge=0)  # few_shot: labelled examples sampled from the original trajectories
 
 
+class NlacRole(RoleParams):
+    # NLAC's roles (tasks/nlac.py). policy: the model being trained, in this process, as the paper
+    # runs all four roles on one LLM (the critic and the refiner at the current weights theta, the
+    # backup at the target network theta-bar); oracle: the environment's (it sees the secret; the
+    # refiner's is the hindsight proposer given the action); hf, vllm, openai: a fixed LLM at
+    # `model`, not trained (a larger model serving the role zero-shot)
+    backend: Literal["policy", "oracle", "hf", "vllm", "openai"]  # type: ignore[assignment]
+
+
 class Roles(Strict):
     policy: PolicyRole
     simulator: RoleParams
@@ -131,6 +140,11 @@ class Roles(Strict):
     proposer: RoleParams
     forward: ForwardRole = ForwardRole(backend="policy")
     labeler: LabelerRole
+    # NLAC's (tasks/nlac.py): the oracle by default, since a tiny model cannot critique zero-shot;
+    # policy on all three is the paper's form. Left out of a params file, they are the oracle.
+    language_critic: NlacRole = NlacRole(backend="oracle")  # Q_L(s_t, a_t): Future, then Optimality (A.1)
+    backup: NlacRole = NlacRole(backend="oracle")  # L1's target: p_pred at s_t+1, then p_tpred (A.2)
+    refiner: NlacRole = NlacRole(backend="oracle")  # a_t^r from a_t and its critique (A.3)
 
 
 class CacheParams(Strict):
@@ -247,9 +261,21 @@ class CollectParams(Strict):
     splits: list[Split] = Field(min_length=1)
     m: int = Field(ge=1)
     sampling: SamplingParams
+    # Refit/Swift log each question at several temperatures (m = 3, one each): trajectory k of a
+    # task samples at temperatures[k % len], the rest of `sampling` alike; null: all at sampling's
+    temperatures: list[float] | None = Field(None, min_length=1)
     batch_size: int = Field(ge=1)
     limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split: quick smoke runs
     scale: ScaleParams = ScaleParams()
+
+    @model_validator(mode="after")
+    def _temperatures(self) -> CollectParams:
+        if self.temperatures is not None:
+            if any(t < 0 for t in self.temperatures):
+                raise ValueError(f"temperatures must be >= 0, got {self.temperatures}")
+            if self.m % len(self.temperatures):
+                raise ValueError(f"m ({self.m}) must be a multiple of the {len(self.temperatures)} temperatures, so each logs as many trajectories a task")
+        return self
 
 
 class RelabelParams(Strict):
@@ -393,9 +419,75 @@ class IlqlParams(Strict):
     reward_column: Literal["reward", "weight", "standardized_reward"] = "reward"  # the terminal reward (HR: the labelled reward)
 
 
+class PolicyGradientParams(Strict):
+    """What grpo and ppo_returns share (tasks/train/grpo.py, ppo_returns.py): NLAC's RL baselines,
+    which it ran in verl without giving their clip, KL or epochs (notes/nlac.md section 6)."""
+
+    # the episode's terminal reward. weight: the labelled reward scaled to [0, 1], NLAC's r in [0, 1],
+    # so kl_coef weighs the same against it in every environment; return: a trajectory table's (collect's)
+    reward_column: Literal["weight", "reward", "return"] = "weight"
+    ppo_epochs: int = Field(ge=1)  # optimizer steps on each batch (each method's default below)
+    clip_epsilon: float = Field(0.2, gt=0, lt=1)  # the ratio clip (PPO's, DeepSeekMath's GRPO and TRL: 0.2)
+    kl_coef: float = Field(ge=0)  # the per-token k3 KL to the reference, in the loss (each method's default below)
+    # optimizer steps per call whatever the table's size (NLAC gives every method the same count,
+    # 30,720); null: train.epochs passes over the episodes, ppo_epochs steps on each batch
+    gradient_steps: int | None = Field(None, ge=1)
+
+
+class GrpoParams(PolicyGradientParams):
+    ppo_epochs: int = Field(1, ge=1)  # DeepSeekMath's mu = 1 (and TRL's num_iterations)
+    kl_coef: float = Field(0.04, ge=0)  # DeepSeekMath's beta
+    # divide by the group's std (DeepSeekMath) or not (Dr. GRPO: the division overweights groups that
+    # nearly agree); NLAC describes the baseline as the group's mean reward alone, so off
+    scale_rewards: bool = False
+
+
+class PpoReturnsParams(PolicyGradientParams):
+    ppo_epochs: int = Field(4, ge=1)  # TRL's and CleanRL's 4, as stepagent's inverse variant
+    kl_coef: float = Field(0.05, ge=0)  # TRL PPO's 0.05, as stepagent's inverse variant
+    value_coef: float = Field(0.1, ge=0)  # the value head's loss weight on the shared body (TRL's vf_coef 0.1)
+    # per agent turn; 1: every turn's tokens target the episode's reward, the sparse terminal reward undiscounted (NLAC gives no gamma)
+    gamma: float = Field(1.0, gt=0, le=1)
+    whiten_advantages: bool = True  # (G - V) standardised per global batch, as TRL and CleanRL do
+
+
+class DistillParams(Strict):
+    """STaR-GATE-D's knowledge distillation (tasks/train/star_gate_d.py; Refit/Swift's Table 27)."""
+
+    # the teacher: a method of train.methods listed before this one (its model, trained earlier in
+    # the stage: Table 27's "STaR-GATE last-checkpoint"), or a model directory
+    teacher: str = "star_gate"
+    alpha: float = Field(0.5, ge=0, le=1)  # the KL term's share, (1 - alpha) the SFT loss's (Table 27: distillation_alpha 0.5)
+    temperature: float = Field(2.0, gt=0)  # both distributions softened by it, the KL scaled by its square (Table 27: 2.0)
+
+
+class StepDPOParams(Strict):
+    """StepDPO's per-step pairs (tasks/train/step_dpo.py)."""
+
+    # branches: from each step of each logged trajectory the base policy plays a new continuation
+    # with the same teacher and the labeler judges it (the paper's); logs: pairs among a question's
+    # logged trajectories that share a prefix and differ at a step, no rollout and no judge call
+    pairs_from: Literal["branches", "logs"] = "branches"
+    # branches: (trajectory, step) sites drawn by seed; null: every step of every logged train
+    # trajectory (the paper's; 3 x the logged trajectories at n = 3)
+    sites: int | None = Field(None, ge=1)
+    sampling: SamplingParams | None = None  # branches: the branch's sampling; null: collect.sampling (the logging policy's)
+    batch_size: int = Field(512, ge=1)  # branches: episodes generated together
+
+    @model_validator(mode="after")
+    def _branches_only(self) -> StepDPOParams:
+        if self.pairs_from == "logs" and (self.sites is not None or self.sampling is not None):
+            raise ValueError("sites and sampling size and sample the branch rollouts; pairs_from: logs rolls none out")
+        return self
+
+
+DPO_FAMILY = ("eto", "dpo", "step_dpo")  # the methods on the shared DPO loss (tasks/train/online_dpo.py) that take `beta`
+
+
 class MethodParams(Strict):
     # leap: relabel's counterfactuals, not the table; eto: the expert's trajectories against collect's failures, not the table
-    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "ilql", "leap", "rft", "eto"]
+    algorithm: Literal["sft", "refit", "swift", "filtered_bc", "ilql", "leap", "rft", "eto", "grpo", "ppo_returns", "star_gate", "star_gate_d", "dpo",
+                       "step_dpo"]
     data: Literal["all", "logged"] = "all"  # logged: leave the hindsight regenerations out (rft: always)
     # HOPE's alpha: the regenerations' share of this method's rows (tasks/train: training_rows); null: every row
     alpha: float | None = Field(None, ge=0, lt=1)
@@ -408,7 +500,17 @@ class MethodParams(Strict):
     # rft only: a success is a weight (the reward scaled to [0, 1] over the environment's range) at
     # least this; null: the environment's own win rule on the labelled reward (Environment.won)
     success_threshold: float | None = Field(None, ge=0, le=1)
-    beta: float | None = Field(None, gt=0)  # eto only: DPO's beta; null: ETO's 0.1 (its later iterations 0.5)
+    # eto, dpo and step_dpo: DPO's beta; null: ETO's 0.1 (its later iterations 0.5), TRL's default
+    # too, which Refit/Swift's DPO baselines presumably kept (the paper gives no beta)
+    beta: float | None = Field(None, gt=0)
+    distill: DistillParams | None = None  # star_gate_d only; null: DistillParams' defaults (the paper's)
+    step_dpo: StepDPOParams | None = None  # step_dpo only; null: StepDPOParams' defaults
+    grpo: GrpoParams | None = None  # grpo only; null: GrpoParams' defaults
+    ppo_returns: PpoReturnsParams | None = None  # ppo_returns only; null: PpoReturnsParams' defaults
+    # rft, filtered_bc and sft (the SFT trainer's methods): exactly this many optimizer steps (the HF
+    # Trainer's max_steps), passes over the rows repeated or cut short, so an NLAC baseline takes as
+    # many as the others; null: train.epochs passes. grpo's and ppo_returns' is under their own keys
+    gradient_steps: int | None = Field(None, ge=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -417,6 +519,11 @@ class MethodParams(Strict):
         if isinstance(raw, dict) and raw.get("algorithm") == "rft":
             if raw.get("data", "logged") != "logged" or raw.get("alpha") is not None or raw.get("aggregate_multiple") is not None:
                 raise ValueError("rft clones the policy's own successful rollouts, the logged rows: data: all, alpha and aggregate_multiple do not apply to it")
+            raw = {**raw, "data": "logged"}
+        # On-policy RL: a regeneration is not the policy's sample, and in a GRPO group it would not be one of the task's rollouts.
+        if isinstance(raw, dict) and raw.get("algorithm") in ("grpo", "ppo_returns"):
+            if raw.get("data", "logged") != "logged" or raw.get("alpha") is not None or raw.get("aggregate_multiple") is not None:
+                raise ValueError(f"{raw['algorithm']} learns from the policy's own rollouts, the logged rows: data: all, alpha and aggregate_multiple do not apply to it")
             raw = {**raw, "data": "logged"}
         return raw
 
@@ -428,18 +535,24 @@ class MethodParams(Strict):
             raise ValueError("aggregate_multiple adds hindsight rows, and data: logged has none; use data: all with aggregate_multiple")
         if self.aggregate_multiple is not None and self.alpha is not None:
             raise ValueError("alpha and aggregate_multiple both size the hindsight rows; set one")
-        if self.ilql is not None and self.algorithm != "ilql":
-            raise ValueError(f"ilql settings apply to algorithm ilql only, not {self.algorithm}")
+        for own in ("ilql", "grpo", "ppo_returns"):
+            if getattr(self, own) is not None and self.algorithm != own:
+                raise ValueError(f"{own} settings apply to algorithm {own} only, not {self.algorithm}")
         if self.algorithm == "leap" and (self.alpha is not None or self.aggregate_multiple is not None or self.data != "all"):
             raise ValueError("leap trains on relabel's counterfactuals, not on the training table's rows: data, alpha and aggregate_multiple do not apply to it")
         if self.algorithm == "eto" and (self.alpha is not None or self.aggregate_multiple is not None or self.data != "all"):
             raise ValueError("eto trains on the expert's and collect's trajectories, not on the training table's rows: data, alpha and aggregate_multiple do not apply to it")
-        for key, algorithm in (("success_threshold", "rft"), ("beta", "eto")):
-            if getattr(self, key) is not None and self.algorithm != algorithm:
-                raise ValueError(f"{key} applies to algorithm {algorithm} only, not {self.algorithm}")
+        for key, algorithms in (("success_threshold", ("rft",)), ("beta", DPO_FAMILY), ("distill", ("star_gate_d",)), ("step_dpo", ("step_dpo",))):
+            if getattr(self, key) is not None and self.algorithm not in algorithms:
+                which = f"algorithm {algorithms[0]}" if len(algorithms) == 1 else f"algorithms {', '.join(algorithms)}"
+                raise ValueError(f"{key} applies to {which} only, not {self.algorithm}")
+        if self.gradient_steps is not None and self.algorithm not in SFT_STEPPED:
+            own = f": set {self.algorithm}.gradient_steps" if self.algorithm in ("grpo", "ppo_returns") else ""
+            raise ValueError(f"gradient_steps applies to algorithms {', '.join(SFT_STEPPED)} only, not {self.algorithm}{own}")
         return self
 
 
+SFT_STEPPED = ("rft", "filtered_bc", "sft")  # MethodParams.gradient_steps: tasks/train/sft.py's train, with max_steps
 ETO_BETA = 0.1  # ETO's first iteration (Song et al. 2024); StepAgent gives none
 
 
@@ -452,8 +565,13 @@ class MethodConfig(Strict):
     deepspeed: str | None
     top_fraction: float
     ilql: IlqlParams = IlqlParams()
+    grpo: GrpoParams = GrpoParams()
+    ppo_returns: PpoReturnsParams = PpoReturnsParams()
     success_threshold: float | None = None
     beta: float = ETO_BETA
+    distill: DistillParams = DistillParams()
+    step_dpo: StepDPOParams = StepDPOParams()
+    gradient_steps: int | None = None  # rft, filtered_bc, sft: the SFT trainer's max_steps
     max_loss_ratio: float | None
     checkpoint_steps: int
     checkpoint_dir: Path | None = None  # where this method's run checkpoints; set by run_train
@@ -476,14 +594,25 @@ class TrainStageParams(TrainParams):
     max_loss_ratio: float | None = Field(10.0, gt=1)
     checkpoint_steps: int = Field(10, ge=1)  # a resumable checkpoint every N optimizer steps
 
+    @model_validator(mode="after")
+    def _teachers_come_first(self) -> TrainStageParams:
+        names = list(self.methods)
+        for i, (name, m) in enumerate(self.methods.items()):
+            teacher = (m.distill or DistillParams()).teacher if m.algorithm == "star_gate_d" else None
+            if teacher in names[i:]:
+                raise ValueError(f"train.methods.{name}: its teacher {teacher} must be listed before it (methods train in order)")
+        return self
+
     def config_for(self, method: MethodParams) -> MethodConfig:
         shared = TrainParams(**{k: getattr(self, k) for k in TrainParams.model_fields})
         if method.learning_rate is not None:
             shared = shared.model_copy(update={"learning_rate": method.learning_rate})
         return MethodConfig(
             train=shared, norm=self.norm, push_down_floor=self.push_down_floor, deepspeed=self.deepspeed, top_fraction=method.top_fraction,
-            ilql=method.ilql or IlqlParams(), success_threshold=method.success_threshold, beta=method.beta or ETO_BETA,
-            max_loss_ratio=self.max_loss_ratio, checkpoint_steps=self.checkpoint_steps,
+            ilql=method.ilql or IlqlParams(), grpo=method.grpo or GrpoParams(), ppo_returns=method.ppo_returns or PpoReturnsParams(),
+            success_threshold=method.success_threshold, beta=method.beta or ETO_BETA, distill=method.distill or DistillParams(),
+            step_dpo=method.step_dpo or StepDPOParams(), gradient_steps=method.gradient_steps, max_loss_ratio=self.max_loss_ratio,
+            checkpoint_steps=self.checkpoint_steps,
         )
 
 
@@ -606,6 +735,94 @@ def stepagent_policy(i: int) -> str:
     return f"{iteration_dir(i)}/stepagent/model"
 
 
+# NLAC's update per iteration: its own (L1 + L2), or a baseline of its Table 1 on the iteration's
+# episodes, by its train.methods algorithm (tasks/train/rft.py, grpo.py, ppo_returns.py)
+NLAC_BASELINES = {"rft": "rft", "grpo": "grpo", "ppo": "ppo_returns"}
+
+
+class NlacParams(Strict):
+    """NLAC's iterations (tasks/nlac.py, tasks/train/nlac.py; notes/nlac.md). The paper's values
+    are for Qwen2.5-7B; where it gives none, the choice and its reason are beside the key."""
+
+    algorithm: Literal["nlac", "rft", "grpo", "ppo"] = "nlac"  # the update after collecting (NLAC_BASELINES)
+    # a baseline's own settings, as train.methods writes a method (its algorithm: rft, grpo or
+    # ppo_returns); null: that method's defaults. Its trainer keys are train's (epochs, learning_rate, ...)
+    method: MethodParams | None = None
+    # collection with the current policy (Algorithm 1, lines 3-6); the paper gives no count
+    splits: list[Split] = Field(["train"], min_length=1)
+    m: int = Field(1, ge=1)  # episodes per task, every algorithm's but grpo's (the paper gives none)
+    group: int = Field(4, ge=2)  # episodes per task for grpo, its group: the baseline is their mean reward (NLAC 6.2: 4)
+    limit_tasks: int | None = Field(None, ge=1)  # first N tasks per split; null: the run's limit_tasks
+    sampling: SamplingParams = SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=112)  # on-policy rollouts; the paper gives no temperature
+    generation_batch_size: int = Field(512, ge=1)  # prompts generated together (rollouts and in-process roles)
+    # training (Algorithm 1, lines 7-11): `steps` optimizer steps of `batch_size` transitions drawn
+    # by PER. The paper's 30 x 1024 "gradient steps" reads either way; here a step is one update
+    # on a drawn batch, every method's count in the miniature
+    steps: int = Field(16, ge=1)
+    batch_size: int = Field(8, ge=1)  # transitions per step (paper: 1024)
+    # Algorithm 1's update. separate (its lines 8-9): a step on L1 at lambda1, then one on L2 at
+    # lambda2, each with an AdamW of its own, so neither loss's scale sets the other's step: in one
+    # joint step the critique's NLL (8-12 a token on the tiny model, text it never saw) swamped the
+    # refined actions' (0.01-0.2) and the policy got worse. joint: one AdamW step on L1 + L2 at
+    # learning_rate (lambda1 = lambda2 taken together; this stage's first form)
+    update: Literal["separate", "joint"] = "separate"
+    learning_rate: float = Field(1.0e-4, gt=0)  # lambda1, L1's step (joint: the one step's); paper: 5e-6 on 7B, AdamW; the tiny model needs more
+    learning_rate_l2: float | None = Field(None, gt=0)  # lambda2, L2's step (separate only); null: learning_rate, the paper's lambda1 = lambda2
+    weight_decay: float = Field(0.0, ge=0)  # paper: not given
+    max_grad_norm: float | None = Field(1.0, gt=0)  # paper: not given; the HF Trainer's default
+    tau: float = Field(0.005, gt=0, le=1)  # theta-bar <- tau * theta + (1 - tau) * theta-bar after every step (paper: 0.005)
+    per_alpha: float = Field(0.1, ge=0)  # P(i) = p_i^alpha / sum_k p_k^alpha, p_i the last L1 (paper: 0.1)
+    # importance weights (N P(i))^-beta / max, on both losses; paper: not given. PER's own annealing
+    # starts at 0.4; at alpha 0.1 the weights stay near 1 whatever beta is
+    per_beta: float = Field(0.4, ge=0, le=1)
+    per_epsilon: float = Field(1.0e-3, gt=0)  # added to L1 so no transition's priority reaches 0 (PER's epsilon)
+    buffer_size: int | None = Field(None, ge=1)  # transitions kept, the oldest dropped first; paper: not given. null: all
+    # a_t for L2 (Eq. 6): fresh, sampled from the current policy at s_t, as Eq. 6 reads; stored: the
+    # buffer's own action (cheaper, the behaviour policy's)
+    action: Literal["fresh", "stored"] = "fresh"
+    # L1 and L2 per sample: the mean NLL over the target's tokens (priorities not biased to long
+    # texts) or the sum (the sequence's log-likelihood); paper: not given
+    nll: Literal["token_mean", "sequence_sum"] = "token_mean"
+    bf16: bool | Literal["auto"] = "auto"
+    # the trained critic against the oracle after the iteration's steps: theta, at the critic's
+    # prompt and greedy, on up to this many buffer transitions never drawn for training; does it say
+    # the oracle's Optimality (metrics: critic_accuracy)? 0: not measured
+    critic_eval: int = Field(64, ge=0)
+
+    @model_validator(mode="after")
+    def _method_is_the_baselines(self) -> NlacParams:
+        if self.algorithm == "nlac" and self.method is not None:
+            raise ValueError("nlac.method sets a baseline's settings; nlac.algorithm nlac has its own keys here")
+        if self.method is not None and self.method.algorithm != NLAC_BASELINES[self.algorithm]:
+            raise ValueError(f"nlac.method.algorithm: {self.method.algorithm}, but nlac.algorithm {self.algorithm} trains with {NLAC_BASELINES[self.algorithm]}")
+        if self.learning_rate_l2 is not None and self.update == "joint":
+            raise ValueError("nlac.learning_rate_l2 is L2's own step, and update: joint takes one step on L1 + L2 at learning_rate: use update: separate")
+        return self
+
+    def episodes_per_task(self) -> int:
+        """What the iteration collects per task: grpo's group, every other algorithm's m."""
+        return self.group if self.algorithm == "grpo" else self.m
+
+    def baseline(self) -> MethodParams:
+        """The baseline's method settings; refused for nlac."""
+        if self.algorithm == "nlac":
+            raise ValueError("nlac.algorithm nlac is no baseline")
+        return self.method or MethodParams(algorithm=NLAC_BASELINES[self.algorithm])
+
+
+class NlacIterationParams(Strict):
+    """One NLAC iteration (Algorithm 1's outer loop): DVC's foreach item, so its deps can name the
+    policy it collects with."""
+
+    policy: str  # iteration 1: the base (data/bootstrap/model); K: iteration K-1's, data/iteration<K-1>/nlac/model
+
+
+def nlac_dir(k: int) -> str:
+    """NLAC iteration k's outputs (its episodes beside them, in nlac_collect): under data/iterationK as
+    the other iterations' stages, so the catalog shows its tables (iterationK_nlac.buffer)."""
+    return f"data/iteration{k}/nlac"
+
+
 # What quick_look may size: the stages dvc.yaml reruns when limit_tasks or quick_look change.
 QUICK_LOOK_SIZES = ("bootstrap", "collect", "critic", "actor", "evaluate")
 
@@ -646,6 +863,11 @@ class Params(Strict):
     # `stepagent_iteration` foreach, into data/iterationK/practice and data/iterationK/stepagent.
     stepagent_iterations: dict[int, StepAgentIterationParams] = {}
     stepagent_select: StepAgentSelectParams = StepAgentSelectParams()
+    nlac: NlacParams = NlacParams()
+    # NLAC's iterations by number from 1, each collecting with the previous one's policy and
+    # carrying its target network and replay buffer on: dvc.yaml's `nlac_iteration` foreach, into
+    # data/iterationK/nlac and nlac_collect. {}: NLAC off (bench/presets/nlac_20q.yaml turns it on)
+    nlac_iterations: dict[int, NlacIterationParams] = {}
 
 
     @model_validator(mode="before")
@@ -669,7 +891,7 @@ class Params(Strict):
                     data[stage] = {**section, "limit_tasks": data["limit_tasks"]}
         return data
 
-    @field_validator("iterations", "stepagent_iterations", mode="before")
+    @field_validator("iterations", "stepagent_iterations", "nlac_iterations", mode="before")
     @classmethod
     def _iteration_keys_are_strings(cls, value):
         if isinstance(value, dict) and (numbers := [k for k in value if not isinstance(k, str)]):
@@ -696,6 +918,15 @@ class Params(Strict):
         if self.stepagent_select.last != last:
             raise ValueError(f"stepagent_select.last: {self.stepagent_select.last}, but the last StepAgent iteration's policy is {last}: "
                              f"set stepagent_select.last to {last} (the stage's DVC dependency, which runs every iteration before it)")
+        return self
+
+    @model_validator(mode="after")
+    def _nlac_iterations_follow_each_other(self) -> Params:
+        for k, (key, it) in enumerate(self.nlac_iterations.items(), start=1):
+            if key != k:
+                raise ValueError(f"nlac_iterations: '{key}' where iteration {k} belongs (they count 1, 2, ... in order)")
+            if k > 1 and it.policy != f"{nlac_dir(k - 1)}/model":
+                raise ValueError(f"nlac_iterations.{key}.policy: {it.policy}, but iteration {k} collects with iteration {k - 1}'s policy, {nlac_dir(k - 1)}/model")
         return self
 
     @model_validator(mode="after")

@@ -194,9 +194,10 @@ FAILED_ROWS = {
 }
 
 
-def check_failure_rate(stage: str, role_name: str, role: RoleParams, stats: dict) -> None:
+def check_failure_rate(stage: str, role_name: str, role: RoleParams, stats: dict, query: str | None = None) -> None:
     """RoleFailure past the role's max_failure_rate, in one line: how many failed, the commonest
-    reasons with their counts, and where the failed rows are."""
+    reasons with their counts, and where the failed rows are (`query`: the SQL that lists them,
+    for a stage not in FAILED_ROWS)."""
     n, bad = stats["requests"], stats["invalid"] + stats["failed"]
     if not n or stats["failure_rate"] <= role.max_failure_rate:
         return
@@ -204,8 +205,8 @@ def check_failure_rate(stage: str, role_name: str, role: RoleParams, stats: dict
     reasons = "; ".join(f"{count} × {reason}" for count, reason in top)
     if (others := bad - sum(count for count, _ in top)) > 0:
         reasons += f"; {others} for other reasons"
-    if (stage, role_name) in FAILED_ROWS:
-        where = f'the rows: retrosight inspect --sql "{FAILED_ROWS[stage, role_name]}"'
+    if query or (stage, role_name) in FAILED_ROWS:
+        where = f'the rows: retrosight inspect --sql "{query or FAILED_ROWS[stage, role_name]}"'
     else:  # the simulator: a failed answer is heard as "unknown" in the game
         where = f"the counts are under simulator_calls in data/{stage}/metrics.json"
     raise RoleFailure(

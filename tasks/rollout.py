@@ -40,6 +40,7 @@ class Episode:
     generation_failures: int = 0  # turns whose generation failed after the backend's retries
     simulator_failures: int = 0  # turns the LLM simulator gave no usable answer to
     policy_id: str = ""
+    sampling: SamplingParams | None = None  # the episode's own, over its agent's (collect's logging temperatures)
     # Lineage of a regenerated episode: the logged trajectory, turn and relabel it branched from.
     source: str = "policy"
     parent_id: str | None = None
@@ -125,12 +126,20 @@ class LMAgent:
         self.generator, self.sampling = generator, sampling
 
     def act(self, episodes: Sequence[Episode], step_seed: int) -> list[str]:
+        # An episode with its own sampling (a logging temperature) names it in its policy_id:
+        # the policy at T=0.3 is another behaviour policy than at T=1.0.
         for ep in episodes:
-            ep.policy_id = self.generator.model_id
+            ep.policy_id = self.generator.model_id if ep.sampling is None else f"{self.generator.model_id}@T={ep.sampling.temperature:g}"
         # Each turn's seed comes from its episode, not the batch: an episode plays the same
         # whichever episodes share its batch (or were served from the response cache).
         seeds = [derive_seed(ep.seed, "turn", len(ep.turns)) for ep in episodes]
-        completions = self.generator.generate([e.messages for e in episodes], self.sampling, seeds)
+        completions: list = [None] * len(episodes)
+        groups: dict[SamplingParams, list[int]] = {}
+        for i, ep in enumerate(episodes):
+            groups.setdefault(ep.sampling or self.sampling, []).append(i)
+        for sampling, at in groups.items():  # one batched call per sampling
+            for i, c in zip(at, self.generator.generate([episodes[i].messages for i in at], sampling, [seeds[i] for i in at]), strict=True):
+                completions[i] = c
         texts = []
         for ep, c in zip(episodes, completions, strict=True):
             if not c.ok:

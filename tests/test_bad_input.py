@@ -159,9 +159,26 @@ def dropped(i: int = 0, **change) -> dict:
     }
 
 
+def transition(i: int = 0, **change) -> dict:
+    return {
+        "transition_id": f"x{i}", "trajectory_id": "t0", "task_id": "Dog", "split": "train", "step": 0, "state": MESSAGES[:2], "action": MESSAGES[2],
+        "observation": MESSAGES[3:4], "turns": TURNS[:1], "reward": -1.0, "terminal": False, "return": -2.0, "priority": 1.0, "added": 1,
+        "trained": 0, "policy_id": "model@abc", **change,
+    }
+
+
+def nlac_sample(i: int = 0, **change) -> dict:
+    return {
+        "step": i, "transition_id": "x0", "weight": 1.0, "priority": 1.0, "target": "Future:\nIt ends well.\nOptimality:\nYes", "target_status": "ok",
+        "future": None, "action": "REASON: x\nQUESTION: Is it a car?", "action_source": "fresh", "critique": None, "critique_status": "invalid",
+        "optimal": None, "refined": "REASON: x\nQUESTION: Is it an animal?", "refined_status": "ok", "changed": True, "l1": 2.5, "l2": None, **change,
+    }
+
+
 GOOD = {
     "trajectories": traj, "summaries": summary, "relabels": relabel, "labels": label, "training": training,
     "export": export, "quarantine": quarantined, "pairs": pair, "preferences": preference, "practice": practised, "dropped": dropped,
+    "nlac_buffer": transition, "nlac_samples": nlac_sample,
 }
 
 

@@ -68,6 +68,26 @@ def test_the_stepagent_preset_is_rft_and_eto_from_the_shipped_base_played_greedi
     assert p.bootstrap.checkpoint == "auto" and p.evaluate.episodes_per_task == 1
 
 
+def test_the_nlac_preset_is_nlac_against_its_baselines_from_the_shipped_base_at_equal_steps():
+    from tasks.params import Params
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    lay_preset(raw, yaml.safe_load((ROOT / "bench/presets/nlac_20q.yaml").read_text()))
+    hindsight_repro.equal_steps(raw)
+    p = Params.model_validate(raw)
+    assert hindsight_repro.nlac_arms(p) == {"nlac": "nlac", "rft": "rft", "grpo": "grpo", "ppo": "ppo"}
+    assert p.bootstrap.checkpoint == "auto" and len(p.nlac_iterations) == 2
+    steps = {name: m.gradient_steps if m.algorithm == "rft" else getattr(m, m.algorithm).gradient_steps for name, m in p.train.methods.items()}
+    assert steps == {"rft": p.nlac.steps, "grpo": p.nlac.steps, "ppo": p.nlac.steps}
+    assert p.nlac.model_copy(update={"algorithm": "grpo"}).episodes_per_task() == 4 and p.nlac.episodes_per_task() == 1
+    assert p.train.learning_rate == p.nlac.learning_rate and p.nlac.update == "separate"
+    assert p.evaluate.sampling.temperature == 0 and p.evaluate.episodes_per_task == 1 and p.evaluate.splits == ["val", "test"]
+    # a baseline held to another step count is refused, not evened out
+    raw["train"]["methods"]["grpo"]["grpo"]["gradient_steps"] = p.nlac.steps + 1
+    with pytest.raises(SystemExit, match="train.methods.grpo takes 17 gradient steps, nlac.steps 16"):
+        hindsight_repro.equal_steps(raw)
+
+
 def test_a_preset_naming_another_environment_starts_from_its_defaults():
     raw = {"env": {"name": "twenty_questions", "max_turns": 20, "show_candidates": False}, "seed": 0}
     lay_preset(raw, {"env": {"name": "persuasion", "max_turns": 6}})
@@ -214,3 +234,79 @@ def test_stepagent_bench_small(tmp_path):
     assert set(json.loads((d / "train/metrics.json").read_text())["methods"]) == {"rft", "eto"}
     diffs = episode_diffs([d], "stepagent_inverse", "eto", "return")
     assert table["paired"]["stepagent_inverse"]["heldout"]["return"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-4)
+
+
+@pytest.mark.system
+def test_qa_bench_small(tmp_path):
+    """--qa: Refit/Swift's miniature on the QA teacher, one seed, three questions a split: every
+    arm trains (StepDPO rolling its branches out in train), each is paired against the next in the
+    paper's order, evaluate's success is exact match and its return the judge's score, and no
+    hindsight, actor-critic or StepAgent stage runs."""
+    overrides = ["limit_tasks=3", "cache.path=" + str(tmp_path / "cache.sqlite"), "bootstrap.model.hidden_size=64",
+                 "bootstrap.model.num_layers=1", "bootstrap.model.num_heads=1", "bootstrap.model.intermediate_size=128",
+                 "bootstrap.tokenizer.vocab_size=600", "train.epochs=1", "train.batch_size=4"]
+    out, results = tmp_path / "runs", tmp_path / "results"
+    cmd = [sys.executable, str(ROOT / "bench/hindsight_repro.py"), "--qa", "--preset", str(ROOT / "bench/presets/refit_swift_qa.yaml"),
+           "--seeds", "0", "--out", str(out), "--results", str(results), *[a for o in overrides for a in ("--set", o)]]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    table = json.loads((results / "table.json").read_text())
+    assert list(table["policies"]) == ["bootstrap", "refit", "swift", "star_gate", "star_gate_d", "dpo", "step_dpo"]
+    assert {n: p["against"] for n, p in table["paired"].items()} == hindsight_repro.QA_AGAINST
+    d = out / "seed0"
+    assert not [s for s in hindsight_repro.HINDSIGHT + hindsight_repro.ACTOR_CRITIC + hindsight_repro.STEPAGENT if (d / s).exists()]
+    trained = json.loads((d / "train/metrics.json").read_text())["methods"]
+    assert trained["step_dpo"]["branches"] == 3 * 3 * 3  # every step of the 9 logged dialogues branched once
+    assert trained["star_gate"]["questions"] == trained["star_gate_d"]["questions"] == 3
+    episodes = pl.read_parquet(d / "evaluate/episodes.parquet")
+    assert set(episodes["split"]) == {"test"} and set(episodes["num_turns"]) == {3}
+    judged = pl.read_parquet(d / "label/labels.parquet")  # the judge's Overall / 10 beside exact match
+    assert judged["scores"].null_count() == 0 and (judged["reward"] == judged["env_reward"]).all()
+
+
+@pytest.mark.system
+def test_nlac_bench_small(tmp_path):
+    """--nlac on the real preset at a small size: from the shipped base, each arm's two iterations
+    on 2 train tasks at 2 steps, every arm against GRPO, the iterations' metrics in the table, and a
+    rerun that keeps every finished iteration."""
+    preset = yaml.safe_load((ROOT / "bench/presets/nlac_20q.yaml").read_text())
+    preset["nlac"].update({"limit_tasks": 2, "group": 2, "steps": 2, "batch_size": 4, "critic_eval": 4})
+    preset.update({"runtime": {"processes": 1}, "evaluate": {**preset["evaluate"], "limit_tasks": 1}})
+    preset["train"]["batch_size"] = 2
+    (tmp_path / "preset.yaml").write_text(yaml.safe_dump(preset, sort_keys=False))
+    out, results = tmp_path / "runs", tmp_path / "results"
+    cmd = [sys.executable, str(ROOT / "bench/hindsight_repro.py"), "--nlac", "--preset", str(tmp_path / "preset.yaml"),
+           "--seeds", "0", "--out", str(out), "--results", str(results), "--set", "cache.path=" + str(tmp_path / "cache.sqlite")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3000)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
+    print(proc.stdout)
+    table = json.loads((results / "table.json").read_text())
+    assert list(table["policies"]) == ["bootstrap", "rft", "grpo", "ppo", "nlac"]
+    assert {n: p["against"] for n, p in table["paired"].items()} == {"rft": "grpo", "ppo": "grpo", "nlac": "grpo"}
+    d = out / "seed0"
+    assert not [s for s in (*hindsight_repro.HINDSIGHT, *hindsight_repro.ACTOR_CRITIC, "collect", "train") if (d / s).exists()]
+    assert (d / "bootstrap/model/model.safetensors").read_bytes() == (ROOT / "models/base/twenty_questions/model/model.safetensors").read_bytes()
+    for arm, algorithm in (("nlac", "nlac"), ("rft", "rft"), ("grpo", "grpo"), ("ppo", "ppo")):
+        first, second = (json.loads((d / arm / f"iteration{k}/nlac/metrics.json").read_text()) for k in (1, 2))
+        assert first["algorithm"] == second["algorithm"] == algorithm
+        assert second["policy"] == str(d / arm / "iteration1/nlac/model")  # each arm collects with its own last policy
+        games = 2 * (2 if arm == "grpo" else 1)  # GRPO: its group of 2 a task, the others one
+        assert first["collect"]["train"]["episodes"] == games
+    # every arm at the same steps: NLAC's 2, each baseline held to 2 (none where its games give no signal)
+    training = table["training"]["0"]
+    assert [it["steps"] for it in training["nlac"]] == [2, 2]
+    assert {it["steps"] for arm in ("rft", "grpo", "ppo") for it in training[arm]} <= {0, 2}
+    used = yaml.safe_load((d / "params.yaml").read_text())["train"]["methods"]
+    assert (used["rft"]["gradient_steps"], used["grpo"]["grpo"]["gradient_steps"], used["ppo"]["ppo_returns"]["gradient_steps"]) == (2, 2, 2)
+    nlac2 = json.loads((d / "nlac/iteration2/nlac/metrics.json").read_text())
+    assert nlac2["buffer"]["from_earlier_iterations"] > 0 and nlac2["critic_accuracy"]["transitions"] <= 4
+    assert training["nlac"][1]["critic_accuracy"] == nlac2["critic_accuracy"]
+    diffs = episode_diffs([d], "nlac", "grpo", "return")
+    assert table["paired"]["nlac"]["heldout"]["return"]["diff"] == pytest.approx(sum(diffs) / len(diffs), abs=1e-4)
+    assert "[seed 0] nlac/iteration1 done in" in proc.stdout and "nlac - grpo (n = " in proc.stdout and "seed 0 nlac: it1: 2 steps" in proc.stdout
+    # a stopped seed resumes: every finished iteration kept, evaluate played again to the same table
+    shutil.rmtree(d / "evaluate")
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-4000:]
+    assert all(f"[seed 0] {arm}/iteration{k} finished earlier, kept" in again.stdout for arm in ("nlac", "rft", "grpo", "ppo") for k in (1, 2))
+    assert "[seed 0] evaluate done in" in again.stdout and json.loads((results / "table.json").read_text()) == table

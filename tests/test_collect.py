@@ -65,3 +65,19 @@ def test_generation_is_batched_across_live_episodes(model_dir, monkeypatch):
     eps = [new_episode(twenty_questions(20), t, i) for i, t in enumerate(kb.split("train")[:5])]
     play(eps, LMAgent(gen, SamplingParams(max_new_tokens=8)), 0)
     assert sizes[0] == 5 and len(sizes) == max(len(e.turns) for e in eps)
+
+
+def test_logging_temperatures_give_each_task_one_trajectory_at_each(model_dir, tmp_path):
+    """Refit/Swift's logging: m = 3 per task, one at each temperature, named in the policy_id and
+    reported side by side; m must be a multiple of the temperatures."""
+    params = Params.model_validate(tiny_params({"collect": {"m": 3, "temperatures": [0.3, 0.7, 1.0]}}))
+    metrics = run_collect(params, model_dir, tmp_path)
+    rows = pq.read_table(tmp_path / "trajectories.parquet").to_pylist()
+    by_task: dict = {}
+    for r in rows:
+        by_task.setdefault(r["task_id"], []).append(r["policy_id"].rsplit("@T=", 1)[1])
+    assert by_task and all(sorted(ts) == ["0.3", "0.7", "1"] for ts in by_task.values())
+    assert set(metrics["by_temperature"]) == {"0.3", "0.7", "1"}
+    assert sum(s["episodes"] for s in metrics["by_temperature"].values()) == len(rows)
+    with pytest.raises(ValueError, match=r"m \(2\) must be a multiple of the 3 temperatures"):
+        Params.model_validate(tiny_params({"collect": {"m": 2, "temperatures": [0.3, 0.7, 1.0]}}))

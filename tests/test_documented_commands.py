@@ -183,6 +183,7 @@ ELSEWHERE = {
     "retrosight run -S +stepagent_iterations.2.policy=data/stepagent/model -S stepagent_select.last=data/iteration2/stepagent/model":
         "tests/test_stepagent_iterations.py",  # StepAgent's second iteration
     "retrosight run stepagent_iteration@2 --force --only": "tests/test_stepagent_iterations.py",  # then its rerun alone
+    "retrosight run nlac_iteration@1 --force --only": "tests/test_nlac_iteration.py",  # NLAC's first iteration, rerun alone
 }
 TABLE: list[tuple[str, str]] = [
     # a command named alone in prose: another group runs it with its arguments

@@ -26,6 +26,8 @@ ENVIRONMENTS = {
     "car_dealer": (["env.max_turns=3"], 100),
     "scienceworld": (["env.task_types=[lifespan-longest-lived,lifespan-shortest-lived]", "env.max_steps.lifespan-longest-lived=6",
                       "env.max_steps.lifespan-shortest-lived=6"], 100),
+    # the QA teacher logged as Refit/Swift log it: m = 3 a question, one at each temperature
+    "qa_teacher": (["collect.m=3", "collect.temperatures=[0.3,0.7,1.0]"], 100),
 }  # persuasion: its documented command, as written (below)
 
 
@@ -58,7 +60,8 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
     logged = pq.read_table(repo / "data/collect/trajectories.parquet").to_pylist()
     assert logged and {r["env"] for r in logged} == {name}
     splits = {r["split"] for r in logged}
-    assert len(logged) == len({r["task_id"] for r in logged}) == 2 * len(splits)  # 2 tasks a split, m = 1
+    m = yaml.safe_load((repo / "params.yaml").read_text())["collect"]["m"]  # the preset's 1, or the environment's own -S
+    assert len(logged) == m * len({r["task_id"] for r in logged}) == m * 2 * len(splits)  # 2 tasks a split
     demos = pq.read_table(repo / "data/bootstrap/demos.parquet").to_pylist()
     assert len({r["task_id"] for r in demos}) == 2
     for table in ("summarize/summaries", "label/labels", "buffer/pairs"):
@@ -73,6 +76,15 @@ def test_the_whole_dag_runs_on_each_environment(name, tmp_path):
     experts = pq.read_table(repo / "data/expert/trajectories.parquet").to_pylist()
     assert len(experts) == 2 and {r["env"] for r in experts} == {name} and {r["policy_id"] for r in experts} == {"scripted:expert"}
     assert json.loads((repo / "data/practice/metrics.json").read_text())["samples"] > 0
+    if name == "qa_teacher":  # three temperatures a question, judged by the oracle rubric, standardized in groups of three
+        temperatures = {}
+        for r in logged:
+            temperatures.setdefault(r["task_id"], set()).add(r["policy_id"].rsplit("@T=", 1)[1])
+        assert all(t == {"0.3", "0.7", "1"} for t in temperatures.values())
+        labels = pq.read_table(repo / "data/label/labels.parquet").to_pylist()
+        assert all(json.loads(r["scores"])["Overall"] == pytest.approx(10 * r["reward"]) for r in labels)
+        trained = [r for r in pq.read_table(repo / "data/standardize/train.parquet").to_pylist() if r["source"] == "policy"]
+        assert {r["group_size"] for r in trained} == {3}
     if name == "scienceworld":  # its oracle hindsight roles read the turns against the task's gold path
         summaries = pq.read_table(repo / "data/summarize/summaries.parquet").to_pylist()
         assert all(r["summary"].startswith(f"Task {r['task_id']}: ") and "The gold path takes" in r["summary"] for r in summaries)

@@ -84,7 +84,7 @@ def test_the_registry_finds_environments_by_entry_point(installed):
 
 def test_an_unknown_environment_is_an_error_listing_the_known_ones(installed, tmp_path):
     # persuasion is listed once the project's metadata is reinstalled with its entry point
-    with pytest.raises(KeyError, match="unknown environment 'chess'; known: car_dealer, guess_digit, guess_my_city, misnamed, not_an_env, (persuasion, )?(scienceworld, )?twenty_questions"):
+    with pytest.raises(KeyError, match="unknown environment 'chess'; known: car_dealer, guess_digit, guess_my_city, misnamed, not_an_env, (persuasion, )?(qa_teacher, )?(scienceworld, )?twenty_questions"):
         registry.get("chess")
     raw = tiny_params({"env": {"name": "chess"}})
     with pytest.raises(ParamsError, match=r"env: .*unknown environment 'chess'; known: .*twenty_questions"):

@@ -115,7 +115,7 @@ def test_eto_takes_no_training_table_settings_and_beta_is_its_own():
     for bad in ({"alpha": 0.4}, {"data": "logged"}, {"aggregate_multiple": 2.0}):
         with pytest.raises(ValidationError, match="eto trains on the expert's and collect's trajectories"):
             MethodParams(algorithm="eto", **bad)
-    with pytest.raises(ValidationError, match="beta applies to algorithm eto only"):
+    with pytest.raises(ValidationError, match="beta applies to algorithms eto, dpo, step_dpo only"):
         MethodParams(algorithm="sft", beta=0.5)
     # The params as the ranks of a multi-rank run read them back: every field written out.
     raw = tiny_params()

@@ -272,6 +272,9 @@ def repro_results(out: Path) -> Path:
     by_seed = {"bootstrap": [0.25, 0.30], "refit": [0.20, 0.40]}
     table = {"seeds": [0, 1], "splits": ["heldout"], "policies": {
         arm: {"heldout": {"success_rate": {"mean": sum(v) / 2, "se": abs(v[0] - v[1]) / 2, "by_seed": v}}} for arm, v in by_seed.items()}}
+    # a judge's score as the return (the QA teacher's), and refit measured against the base
+    table["policies"]["refit"]["heldout"]["mean_return"] = {"mean": 0.55, "se": 0.05, "by_seed": [0.5, 0.6]}
+    table["paired"] = {"refit": {"against": "bootstrap", "heldout": {"success": {"diff": 0.025, "ci95": [-0.1, 0.15]}}}}
     points = [{"arm": arm, "seed": seed, "split": "heldout", "success_rate": rate}
               for arm, v in by_seed.items() for seed, rate in zip((0, 1), v)]
     out.mkdir()
@@ -284,11 +287,13 @@ def test_a_reproductions_results_give_its_plot_and_its_table(tmp_path):
     results = repro_results(tmp_path / "results")
     spec, seeds, rows = read_repro(results, ROOT / ARM_SEED_TEMPLATE)
     assert seeds == [0, 1]
-    assert rows == [("bootstrap", "0.275 ± 0.025", [0.25, 0.30]), ("refit", "0.300 ± 0.100", [0.20, 0.40])]
+    assert rows == [("bootstrap", "0.275 ± 0.025", [0.25, 0.30], "–", "–"),
+                    ("refit", "0.300 ± 0.100", [0.20, 0.40], "0.550 ± 0.050", "bootstrap: +0.025 [-0.100, +0.150]")]
     assert [(p["arm"], p["seed"]) for p in spec["data"]["values"]] == [("bootstrap", 0), ("bootstrap", 1), ("refit", 0), ("refit", 1)]
     page = _page(tmp_path, ["workspace"], {}, [("Success by arm and seed", ["seeds 0, 1"], spec)], {"workspace": {}}, [], results, rows)
     check_static(page, 1)
     assert "<h2>Reproduction: " in page and "0.300 ± 0.100" in page and "0.200 0.400" in page
+    assert "0.550 ± 0.050" in page and "bootstrap: +0.025 [-0.100, +0.150]" in page
 
     (results / "success.json").unlink()
     with pytest.raises(ValueError, match=r"success\.json not found: --repro takes the directory bench/hindsight_repro\.py --results wrote"):

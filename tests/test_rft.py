@@ -71,6 +71,28 @@ def test_rft_takes_only_logged_data():
             MethodParams(algorithm="rft", **bad)
     with pytest.raises(ValidationError, match="success_threshold applies to algorithm rft only"):
         MethodParams(algorithm="filtered_bc", success_threshold=0.5)
+    assert MethodParams(algorithm="rft", gradient_steps=7).gradient_steps == 7
+    with pytest.raises(ValidationError, match="gradient_steps applies to algorithms rft, filtered_bc, sft only, not refit"):
+        MethodParams(algorithm="refit", gradient_steps=7)
+    with pytest.raises(ValidationError, match="not grpo: set grpo.gradient_steps"):
+        MethodParams(algorithm="grpo", gradient_steps=7)
+
+
+def test_gradient_steps_hold_rft_to_a_step_count_whatever_its_successes(tiny_model_dir, tmp_path):
+    """NLAC gives every method the same optimizer steps: RFT's are the SFT trainer's max_steps, passes
+    over the successes repeated (one success at batch 1: 5 passes) or cut short (8: 5 of one pass's 8 steps)."""
+    def steps_on(table: pl.DataFrame, out: str) -> list[int]:
+        write_table(table.to_arrow(), tmp_path / f"{out}.parquet", "training")
+        raw = tiny_params({"train": {"base_model": str(tiny_model_dir), "epochs": 1, "batch_size": 1}})
+        raw["train"]["methods"] = {"rft": {"algorithm": "rft", "gradient_steps": 5}}
+        m = run_train(Params.model_validate(raw), tmp_path / f"{out}.parquet", tmp_path / out)["methods"]["rft"]
+        assert m["trained"]
+        return [e["step"] for e in json.loads((tmp_path / out / "loss/rft.json").read_text())]
+
+    one = pl.DataFrame([row("won", -3.0), row("lost", -8.0, messages=SHORT)])
+    assert steps_on(one, "one") == [1, 2, 3, 4, 5]  # 1 epoch would be 1 step
+    many = pl.DataFrame([row(f"won{i}", -3.0) for i in range(8)])
+    assert steps_on(many, "many") == [1, 2, 3, 4, 5]  # 1 epoch would be 8
 
 
 def test_the_train_stage_clones_the_successes_alone(tiny_model_dir, tmp_path):

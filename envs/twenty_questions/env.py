@@ -21,12 +21,13 @@ from envs.base import (
     recorded_reply,
 )
 from envs.base import Game as BaseGame
+from envs.nlac import Critique, NlacRequests
 from envs.question_roles import QuestionRoleRequests, dialogue, history, parse_proposals, parse_summary, replay_continuation
 from envs.reason_question import ReasonQuestionActions
 
-from . import labeler, proposer, summarizer
+from . import critic, labeler, proposer, summarizer
 from .facts import fact_sheets
-from .format import ActionParseError, final_message, observation_message, parse_action, render_action, system_prompt
+from .format import PROMPTS, ActionParseError, final_message, observation_message, parse_action, render_action, system_prompt
 from .game import MAX_TURNS, Answer, Game
 from .kb import EXPECTED_COUNTS, Entity, KnowledgeBase, load_kb
 from .llm_roles import chat, parse_continuation, parse_yes_no, template_hash
@@ -35,8 +36,12 @@ from .policies import ExpertPolicy, NoisyPolicy, PlayerView, RandomPolicy, known
 TEMPLATES = {
     "simulator": "simulator.j2", "summarizer": "summary.j2", "proposer": "proposer.j2", "controller": "controller.j2",
     "forward": "forward.j2", "labeler": "labeler.j2", "judge": "judge.j2",
+    "language_critic": "nlac_critic.j2", "backup": ("nlac_future.j2", "nlac_target.j2"), "refiner": ("nlac_critic.j2", "nlac_refine.j2"),
 }
-ORACLE_VERSIONS = {"summarizer": summarizer.VERSION, "proposer": proposer.VERSION, "controller": proposer.VERSION, "labeler": labeler.VERSION}
+ORACLE_VERSIONS = {
+    "summarizer": summarizer.VERSION, "proposer": proposer.VERSION, "controller": proposer.VERSION, "labeler": labeler.VERSION,
+    "language_critic": critic.VERSION, "backup": critic.VERSION, "refiner": proposer.VERSION,
+}
 
 
 class TwentyQuestionsOptions(Options):
@@ -137,7 +142,7 @@ class Scripted:
         return render_action(action.reason, action.question)
 
 
-class TwentyQuestions(QuestionRoleRequests, ReasonQuestionActions, Environment):
+class TwentyQuestions(NlacRequests, QuestionRoleRequests, ReasonQuestionActions, Environment):
     name = "twenty_questions"
     secret_key = "secret"  # what the role templates call it
     Options = TwentyQuestionsOptions
@@ -233,10 +238,18 @@ class TwentyQuestions(QuestionRoleRequests, ReasonQuestionActions, Environment):
     def label(self, task_id: str, turns) -> Label:
         return labeler.label_trajectory(self.kb, task_id, [t["action"] for t in turns], self.max_turns)
 
+    def oracle_critique(self, task: Entity, turns, text: str) -> Critique:
+        return critic.critique(self.kb, self.oracle, task, self.view(task, turns), text, self.listed)
+
+    def oracle_backup(self, task: Entity, turns, turn, terminal: bool, final_return: float) -> Critique:
+        return critic.critique(self.kb, self.oracle, task, self.view(task, turns), self.render_action(turn["reason"], turn["action"]), self.listed,
+                               answer=turn["observation"], reward=final_return if terminal else None)
+
     # ---- LLM roles ----
 
     def prompt_hash(self, role: str) -> str:
-        return template_hash(TEMPLATES[role])
+        names = TEMPLATES[role]
+        return template_hash(*((names,) if isinstance(names, str) else names))
 
     def summary_request(self, task: Entity, turns, success: bool) -> Request[str]:
         prompt = chat("summary.j2", history=dialogue(history(turns)), secret=task.name, category=task.category, success=success, candidates=self._names(task))
@@ -277,6 +290,9 @@ class TwentyQuestions(QuestionRoleRequests, ReasonQuestionActions, Environment):
 
     def prompt(self, template: str, **values) -> list[dict]:
         return chat(template, **values)
+
+    def nlac_instruction(self, template: str, **values) -> str:
+        return PROMPTS.render(template, **values)
 
     def refused(self, task: Entity, prefix, question: str) -> str | None:
         return proposer.unjustified_guess(self.kb, task, self.view(task, prefix), question)

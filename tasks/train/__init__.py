@@ -17,7 +17,11 @@ single-process only: a multi-rank run trains every method from the start.
 
 Two methods read other tables than the training table: leap (relabel's counterfactuals at their
 logged states) and eto (the expert stage's trajectories against collect's failures, paired once
-for every eto method). rft reads the environment's win rule (Environment.won).
+for every eto method). rft reads the environment's win rule (Environment.won). step_dpo with
+pairs_from: branches rolls its branches out from collect's logged trajectories here, once for every
+step_dpo method of the same branch settings (tasks/train/step_dpo.py says why inside train);
+star_gate_d distils from its teacher, a method trained before it in this stage (or a model
+directory), whose weights are in its checkpoint key.
 """
 from __future__ import annotations
 
@@ -39,11 +43,12 @@ from tasks.train.sft import TrainingDiverged, latest_checkpoint
 
 
 def algorithms() -> dict:
-    from tasks.train import eto, filtered_bc, ilql, leap, refit, rft, sft, swift
+    from tasks.train import dpo, eto, filtered_bc, grpo, ilql, leap, ppo_returns, refit, rft, sft, star_gate, star_gate_d, step_dpo, swift
 
     return {
         "sft": sft.train, "refit": refit.train, "swift": swift.train, "filtered_bc": filtered_bc.train, "ilql": ilql.train, "leap": leap.train,
-        "rft": rft.train, "eto": eto.train,
+        "rft": rft.train, "eto": eto.train, "grpo": grpo.train, "ppo_returns": ppo_returns.train, "star_gate": star_gate.train,
+        "star_gate_d": star_gate_d.train, "dpo": dpo.train, "step_dpo": step_dpo.train,
     }
 
 
@@ -151,6 +156,17 @@ def eto_pairs(checked: StageInputs, expert: Path, trajectories: Path) -> tuple[l
     return eto.pairs(from_table(checked.read(expert, "trajectories")), from_table(checked.read(trajectories, "trajectories")))
 
 
+def step_dpo_branches(params, checked: StageInputs, table: pl.DataFrame, trajectories: Path, cfg) -> tuple[list[dict], dict]:
+    """StepDPO's branches for one branch setting (tasks/train/step_dpo.py), from collect's rows that
+    are logged rows of the training table (the labelled train trajectories)."""
+    from storage.schema import from_table
+    from tasks.train import step_dpo
+
+    logged = set(table.filter(pl.col("source") != "regeneration")["trajectory_id"].to_list())
+    parents = [t for t in from_table(checked.read(trajectories, "trajectories")) if t["trajectory_id"] in logged]
+    return step_dpo.roll_branches(params, params.train.base_model, parents, cfg)
+
+
 def run_train(
     params, training: Path, out_dir: Path, checkpoint_dir: Path | None = None, relabels: Path | None = None, trajectories: Path | None = None,
     expert: Path | None = None,
@@ -165,16 +181,20 @@ def run_train(
     tp = params.train
     leap = any(m.algorithm == "leap" for m in tp.methods.values())
     eto = any(m.algorithm == "eto" for m in tp.methods.values())
+    branches = any(m.algorithm == "step_dpo" and tp.config_for(m).step_dpo.pairs_from == "branches" for m in tp.methods.values())
     if leap and (relabels is None or trajectories is None):
         raise ValueError("train: a leap method learns relabel's counterfactuals; pass the relabels table and the trajectories they "
                          "were proposed on (the stage reads data/relabel/relabels.parquet and data/collect/trajectories.parquet)")
     if eto and (expert is None or trajectories is None):
         raise ValueError("train: an eto method pairs the expert's trajectories with the policy's failures; pass the expert table and "
                          "collect's trajectories (the stage reads data/expert/trajectories.parquet and data/collect/trajectories.parquet)")
+    if branches and trajectories is None:
+        raise ValueError("train: a step_dpo method with pairs_from: branches branches from the logged trajectories; pass collect's "
+                         "trajectories (the stage reads data/collect/trajectories.parquet)")
     other_inputs = {"relabels": relabels} if leap else {}  # the ranks' options (launch.py)
     if eto:
         other_inputs["expert"] = expert
-    if leap or eto:
+    if leap or eto or branches:
         other_inputs["trajectories"] = [trajectories]
     if tp.nproc_per_node > 1 and not torch.distributed.is_torchelastic_launched():
         return distributed.launch(params, training, out_dir, checkpoint_dir, tp.nproc_per_node, inputs=other_inputs)
@@ -192,15 +212,19 @@ def run_train(
     if ranks > 1:
         metrics["world_size"] = ranks
     if checkpoint_dir is not None:
-        others = [*([Path(relabels)] if leap else []), *([Path(expert)] if eto else []), *([Path(trajectories)] if leap or eto else [])]
+        others = [*([Path(relabels)] if leap else []), *([Path(expert)] if eto else []), *([Path(trajectories)] if leap or eto or branches else [])]
         inputs = "".join(_file_digest([p], p.parent) for p in [training, *others]) + path_digest(tp.base_model)
+    rolled: dict[str, tuple[list[dict], dict]] = {}  # StepDPO's branches by their settings, rolled out once
     for name, method in tp.methods.items():
         t_method = time.time()
         cfg = tp.config_for(method)
         cfg = cfg.model_copy(update={"deepspeed": deepspeed_config(cfg.deepspeed)})
+        teacher = None
+        if method.algorithm == "star_gate_d":  # an earlier method's model, finished by now, or a directory
+            teacher = out_dir / "models" / cfg.distill.teacher if cfg.distill.teacher in tp.methods else Path(cfg.distill.teacher)
         store = None
         if checkpoint_dir is not None:
-            store = _method_store(checkpoint_dir, name, inputs, method, cfg, params.seed)
+            store = _method_store(checkpoint_dir, name, inputs + (path_digest(teacher) if teacher else ""), method, cfg, params.seed)
             if (store / "result.json").exists():
                 saved = json.loads((store / "result.json").read_text())
                 shutil.copytree(store / "model", out_dir / "models" / name, dirs_exist_ok=True)
@@ -217,6 +241,14 @@ def run_train(
             data, mix = comparisons, {"rows_logged": len(comparisons), "rows_hindsight": 0, "hindsight_share": 0.0 if comparisons else None, **pairing}
         else:
             data, mix = training_rows(table, method, params.seed)
+        extra = {"won": won} if method.algorithm == "rft" else {}  # rft: what a success is, by the environment's rule
+        if teacher is not None:
+            extra["teacher"] = AutoModelForCausalLM.from_pretrained(teacher, dtype=torch.float32)
+        if method.algorithm == "step_dpo" and cfg.step_dpo.pairs_from == "branches":  # before the seed is set: training starts alike
+            key = cfg.step_dpo.model_dump_json()
+            if key not in rolled:
+                rolled[key] = step_dpo_branches(params, checked, table, trajectories, cfg)
+            extra["branches"], mix["rollout"] = rolled[key]
         set_seed(params.seed)
         torch.use_deterministic_algorithms(True)
         tokenizer = AutoTokenizer.from_pretrained(tp.base_model)
@@ -225,7 +257,6 @@ def run_train(
             what = {"leap": "counterfactuals", "eto": "(expert, failure) pairs"}.get(method.algorithm, "trajectories")
             print(f"train {name}: {method.algorithm} on {len(data)} {what} ({mix['rows_logged']} logged, {mix['rows_hindsight']} hindsight)", flush=True)
         try:
-            extra = {"won": won} if method.algorithm == "rft" else {}  # rft: what a success is, by the environment's rule
             result = algorithms()[method.algorithm](model, tokenizer, data, cfg, params.seed, **extra)
         except TrainingDiverged as e:
             e.method = name

@@ -38,30 +38,35 @@ import torch
 from tasks.train.sft import IGNORE, PadCollator
 
 
-def action_logps(policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor):
+def action_logps(policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, every_token: bool = False):
     """log pi of each labelled (action) token, flat in row order [N], each token's row [N], and the
-    body's hidden state at each row's last state token (the one before its action's first) [B, H].
-    The output layer runs on the action's positions only, as online_dpo.sequence_logps."""
+    body's hidden state at each row's last state token (the one before its action's first) [B, H],
+    or with every_token at the position before each action token [N, H] (where a token-level value
+    reads V(s, a_<t): ppo_returns.py). The output layer runs on the action's positions only, as
+    online_dpo.sequence_logps."""
     hidden = policy.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
     target = labels[:, 1:]
     keep = target != IGNORE
-    logits = policy.get_output_embeddings()(hidden[keep]).float()
+    acting = hidden[keep]
+    logits = policy.get_output_embeddings()(acting).float()
     logps = logits.log_softmax(-1).gather(1, target[keep].unsqueeze(1)).squeeze(1)
-    return logps, keep.nonzero()[:, 0], hidden[torch.arange(len(keep), device=keep.device), keep.int().argmax(1)]
+    states = acting if every_token else hidden[torch.arange(len(keep), device=keep.device), keep.int().argmax(1)]
+    return logps, keep.nonzero()[:, 0], states
 
 
 class PolicyWithValue(torch.nn.Module):
-    """The policy and a scalar value head on its body; forward: (log-probs [N], rows [N], V(s) [B])."""
+    """The policy and a scalar value head on its body; forward: (log-probs [N], rows [N], V(s) [B]),
+    or with token_level V(s, a_<t) at every action token [N]."""
 
-    def __init__(self, policy):
+    def __init__(self, policy, token_level: bool = False):
         super().__init__()
-        self.policy = policy
+        self.policy, self.token_level = policy, token_level
         self.value = torch.nn.Linear(policy.config.hidden_size, 1)
         torch.nn.init.zeros_(self.value.weight)
         torch.nn.init.zeros_(self.value.bias)
 
     def forward(self, input_ids, attention_mask, labels):
-        logps, rows, state = action_logps(self.policy, input_ids, attention_mask, labels)
+        logps, rows, state = action_logps(self.policy, input_ids, attention_mask, labels, self.token_level)
         return logps, rows, self.value(state).squeeze(-1).float()
 
 
@@ -101,19 +106,23 @@ def per_action(x: torch.Tensor, rows: torch.Tensor, n: int) -> torch.Tensor:
     return sums / torch.bincount(rows, minlength=n).to(x.dtype)
 
 
+def clipped_objective(logps, rows, n: int, old, ref, adv, clip_epsilon: float):
+    """L_clip, the k3 KL to ref and the share of clipped tokens, each a mean over an action's tokens,
+    then over the n actions: per-token logps, old, ref and adv [N] with each token's row [N]. What
+    every PPO-style trainer here shares (grpo.py and ppo_returns.py: an action is a whole episode)."""
+    ratio = (logps - old).exp()
+    clipped = torch.max(-adv * ratio, -adv * ratio.clamp(1 - clip_epsilon, 1 + clip_epsilon))
+    log_ratio = ref - logps
+    share = ((ratio - 1).abs() > clip_epsilon).to(ratio.dtype)
+    return per_action(clipped, rows, n).mean(), per_action(log_ratio.exp() - log_ratio - 1, rows, n).mean(), per_action(share, rows, n).mean()
+
+
 def ppo_loss(logps, rows, old, ref, adv, values, returns, clip_epsilon: float, kl_coef: float, value_coef: float):
     """The module docstring's L on one batch: per-token logps, old and ref [N] with each token's
     row [N]; adv, values and returns (r) per action [B]. Returns L and its parts."""
-    n = len(adv)
-    ratio = (logps - old).exp()
-    a = adv[rows]
-    clipped = torch.max(-a * ratio, -a * ratio.clamp(1 - clip_epsilon, 1 + clip_epsilon))
-    log_ratio = ref - logps
-    policy = per_action(clipped, rows, n).mean()
-    kl = per_action(log_ratio.exp() - log_ratio - 1, rows, n).mean()
+    policy, kl, clipped = clipped_objective(logps, rows, len(adv), old, ref, adv[rows], clip_epsilon)
     value = 0.5 * ((values - returns) ** 2).mean()
-    stats = {"policy_loss": policy.item(), "kl": kl.item(), "value_loss": value.item(),
-             "clip_fraction": per_action(((ratio - 1).abs() > clip_epsilon).to(ratio.dtype), rows, n).mean().item()}
+    stats = {"policy_loss": policy.item(), "kl": kl.item(), "value_loss": value.item(), "clip_fraction": clipped.item()}
     return policy + kl_coef * kl + value_coef * value, stats
 
 

@@ -245,6 +245,7 @@ def train_sft(
     checkpoint_dir: Path | None = None,
     checkpoint_steps: int = 10,
     padding_free: bool = False,
+    max_steps: int | None = None,
     trainer_cls: type[Trainer] = Trainer,
     collator: PadCollator | None = None,
     callbacks: tuple[TrainerCallback, ...] = (),
@@ -261,8 +262,11 @@ def train_sft(
 
     `padding_free` packs each batch into one row (no padding; attention per sequence). It computes
     the same loss to float rounding, not to the bit, so it is off by default (the pipeline's models
-    stay byte-identical); faster where lengths in a batch differ."""
-    steps = math.ceil(len(examples) / batch_size) * epochs
+    stay byte-identical); faster where lengths in a batch differ.
+
+    `max_steps` trains exactly that many optimizer steps instead of `epochs` passes (the HF
+    Trainer's max_steps: passes repeated, the last one cut short)."""
+    steps = max_steps or math.ceil(len(examples) / batch_size) * epochs
     logging_steps = max(1, int(steps // 20))
     resume = None
     if checkpoint_dir is not None:
@@ -276,6 +280,7 @@ def train_sft(
             output_dir=str(out),
             per_device_train_batch_size=batch_size,
             num_train_epochs=epochs,
+            max_steps=max_steps or -1,  # -1: by epochs
             learning_rate=learning_rate,
             lr_scheduler_type="cosine",
             warmup_steps=int(warmup_ratio * steps),
@@ -333,5 +338,5 @@ def train(model, tokenizer, table, cfg, seed: int) -> dict:
     if table.height == 0:
         return {"rows": 0, "truncated": 0, "curve": []}
     tokenized = tokenize_chats(tokenizer, [r["messages"] for r in from_table(table.select("messages"))], model.config.max_position_embeddings)
-    curve = train_sft(model, tokenizer, tokenized.examples, seed=seed, **cfg.trainer_kwargs())
+    curve = train_sft(model, tokenizer, tokenized.examples, seed=seed, max_steps=cfg.gradient_steps, **cfg.trainer_kwargs())
     return {"rows": table.height, "truncated": tokenized.truncated, "curve": curve}
