@@ -19,24 +19,8 @@ from tasks.rollout import ScriptedAgent, new_episode, play
 NOISE = {"p_random": 0.15, "p_repeat": 0.10, "p_early_guess": 0.10}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered(tmp_path_factory):
-    """The persuasion entry point, as an installed distribution declares it, until the project's
-    own metadata (pyproject.toml, reinstalled) carries it."""
-    if "persuasion" in registry.available():
-        yield
-        return
-    dist = tmp_path_factory.mktemp("dist") / "persuasion_entry-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: persuasion-entry\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[retrosight.envs]\npersuasion = envs.persuasion.env:Persuasion\n")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(dist.parent))
-        yield
-
-
 @pytest.fixture(scope="module")
-def env(registered):
+def env():
     return registry.make("persuasion", {})
 
 

@@ -25,29 +25,13 @@ NOISE = {"p_random": 0.15, "p_repeat": 0.10, "p_early_guess": 0.10}
 SIZES = {"train": 400, "val": 50, "test": 100}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def registered(tmp_path_factory):
-    """The qa_teacher entry point, as an installed distribution declares it, until the project's
-    own metadata (pyproject.toml, reinstalled) carries it."""
-    if "qa_teacher" in registry.available():
-        yield
-        return
-    dist = tmp_path_factory.mktemp("dist") / "qa_teacher_entry-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: qa-teacher-entry\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[retrosight.envs]\nqa_teacher = envs.qa_teacher.env:QATeacher\n")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.syspath_prepend(str(dist.parent))
-        yield
-
-
 @pytest.fixture(scope="module")
-def env(registered):
+def env():
     return registry.make("qa_teacher", {})
 
 
 @pytest.fixture(scope="module")
-def standard(registered):
+def standard():
     return registry.make("qa_teacher", {"mode": "standard"})
 
 
@@ -175,7 +159,7 @@ def test_a_reply_renders_in_the_modes_format_and_reads_back():
 # ---- the teacher's turns and the game ----
 
 @pytest.mark.parametrize("mode", ["thinking", "standard"])
-def test_the_teacher_walks_through_its_turns_in_both_modes(mode, registered):
+def test_the_teacher_walks_through_its_turns_in_both_modes(mode):
     env = registry.make("qa_teacher", {"mode": mode, "turns": 4})
     q = env.tasks("train")[0]
     game = env.game(q)
@@ -303,7 +287,7 @@ def test_the_oracle_judges_rules(env):
 
 
 @pytest.mark.parametrize("mode", ["thinking", "standard"])
-def test_scripted_answerers_rank_as_the_judge_should_and_the_label_replays_the_return(mode, registered):
+def test_scripted_answerers_rank_as_the_judge_should_and_the_label_replays_the_return(mode):
     env = registry.make("qa_teacher", {"mode": mode})
     policies = env.policies(NOISE)
     assert set(policies) == {"expert", "noisy", "wrong", "unjustified", "random"}
@@ -335,7 +319,7 @@ def write(tmp_path, rows) -> str:
 GOOD = {"question": "What is the capital of France?", "options": ["London", "Paris", "Rome", "Madrid"], "answer": "B"}
 
 
-def test_a_users_mcq_file_becomes_the_tasks(tmp_path, registered):
+def test_a_users_mcq_file_becomes_the_tasks(tmp_path):
     rows = [GOOD, {**GOOD, "question": "Which is a prime?", "options": {"A": "4", "B": "6", "C": "7", "D": "9"}, "answer": "c", "split": "test", "id": "p1"},
             {**GOOD, "question": "2 + 2?", "options": ["3", "4", "5", "6"], "facts": ["3: one short.", "2 + 2 = 4.", "5: one over.", "6: two over."],
              "false_facts": ["2 + 2 = 3.", "4: wrong.", "2 + 2 = 5.", "2 + 2 = 6."], "split": "val"}]
@@ -374,7 +358,7 @@ def test_a_bad_line_stops_the_load_naming_file_line_and_field(tmp_path, row, whe
         load_mcq_file(path, SIZES)
 
 
-def test_duplicates_and_empty_files_are_refused(tmp_path, registered):
+def test_duplicates_and_empty_files_are_refused(tmp_path):
     path = write(tmp_path, [GOOD, {**GOOD, "options": ["w", "x", "y", "z"]}])
     with pytest.raises(MCQFileError, match=re.escape(f"{path}:2: field 'question': the same question as line 1")):
         load_mcq_file(path, SIZES)
