@@ -84,12 +84,19 @@ def test_the_llm_backup_bootstraps_from_the_next_observation_and_at_the_end_read
     assert all("Answer: yes. Turn 2" not in m["content"] for m in env.critic_request(state, action).messages)
 
 
-def test_transitions_cut_an_episode_at_its_actions_the_last_one_terminal():
-    env = twenty_questions(3)
+def played(*questions: str, env=None):
+    """A 3-question TwentyQuestions game (in `env`, or a new one) for Dog, played with these
+    questions by policy "p"."""
+    env = env or twenty_questions(3)
     ep = new_episode(env, env.task("Dog"), 0)
-    for text in ("REASON: a\nQUESTION: Is it an animal?", "REASON: b\nQUESTION: Is it Cat?", "REASON: c\nQUESTION: Is it Dog?"):
-        ep.apply(text)
+    for reason, question in zip("abc", questions, strict=True):
+        ep.apply(f"REASON: {reason}\nQUESTION: {question}")
     ep.policy_id = "p"
+    return ep
+
+
+def test_transitions_cut_an_episode_at_its_actions_the_last_one_terminal():
+    ep = played("Is it an animal?", "Is it Cat?", "Is it Dog?")
     row = {"trajectory_id": "t0", **ep.to_row()}
     rows = transitions([row], iteration=1)
     assert [r["step"] for r in rows] == [0, 1, 2] and [r["terminal"] for r in rows] == [False, False, True]
@@ -202,10 +209,7 @@ def test_critic_accuracy_compares_the_critics_verdict_with_the_oracles_on_undraw
     from tasks.nlac import critic_accuracy
 
     env = twenty_questions(3)
-    ep = new_episode(env, env.task("Dog"), 0)
-    for text in ("REASON: a\nQUESTION: Is it an animal?", "REASON: b\nQUESTION: Is it an animal?", "REASON: c\nQUESTION: Is it Dog?"):
-        ep.apply(text)
-    ep.policy_id = "p"
+    ep = played("Is it an animal?", "Is it an animal?", "Is it Dog?", env=env)
     rows = [{**r, "trained": 0} for r in transitions([{"trajectory_id": "t0", **ep.to_row()}], 1)]
     truth = [env.oracle_critique(env.task("Dog"), r["turns"][:-1], r["action"]["content"]).optimal for r in rows]
     assert truth[1] is False  # a repeated question is never the best move
