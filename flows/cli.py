@@ -1,15 +1,19 @@
 """The `retrosight` command line."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
-from pathlib import Path
-from typing import Annotated, NoReturn, Optional
 
-import typer
-from rich.console import Console
-from rich.table import Table
+_STARTED = time.time()  # the stage timings' start: everything after the interpreter's own start-up
+
+from pathlib import Path  # noqa: E402
+from typing import Annotated, NoReturn, Optional  # noqa: E402
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hindsight data and offline training for multi-turn LLM agents.")
 console = Console()
@@ -155,11 +159,13 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
     except ValueError as e:  # MissingAPIKey
         refuse(str(e))
     try:
-        result = p.pipeline(todo, force=force)
+        result = p.pipeline(todo, force=force, preload=params.runtime.preload)
     except p.StageFailed as e:  # a stage's cause is printed above it; DVC's own, in the message
         _fail(str(e))
     for stage_name, outcome in result.items():
-        console.print(f"  {stage_name}: {outcome}")
+        console.print(f"  {stage_name}: {outcome['outcome']}")
+    if timed := {s: o for s, o in result.items() if "seconds" in o}:
+        _show(_timings_table(timed))
     console.print(f"Done in {time.time() - t0:.1f}s.")
     if experiment:
         what = " ".join([*([f"--preset {preset}"] if preset else []), *(set_param or [])]) or "no overrides"
@@ -252,23 +258,32 @@ def stage_cmd(name: str) -> None:
         _fail(f"unknown stage '{name}' (stages: {', '.join(STAGE_FLOWS)}; {', '.join(f'{g}@K' for g in FOREACH)} for an iteration K)")
     if key and not key.isdigit():
         _fail(f"unknown stage '{name}': {group}@K takes a number")
+    from flows.relay import relay, started
+
+    if (status := relay(_STARTED)) is not None:  # the run's stage server has the imports: its child runs the stage
+        raise typer.Exit(status)
+    t_process = started(_STARTED)
     stage_flow, parameters = _stage_flow(group), ({"iteration": int(key)} if key else {})
     import logging
 
     from flows.common import expected_failure, log_to_file, stage_inputs
     from flows.linking import ERROR_FILE_ENV
-    from flows.pipeline import PARENT_TASK_ENV
+    from flows.pipeline import PARENT_TASK_ENV, TIMINGS_FILE_ENV
 
     inputs = stage_inputs(name)
     log = log_to_file(name, inputs)
     parent = os.environ.get(PARENT_TASK_ENV)
+    t_flow = time.time()
     try:
         if parent:
             from flows.linking import run_as_child
 
-            run_as_child(stage_flow, parent, parameters)
+            metrics = run_as_child(stage_flow, parent, parameters)
         else:
-            stage_flow(**parameters)
+            metrics = stage_flow(**parameters)
+        if timings := os.environ.get(TIMINGS_FILE_ENV):  # for `retrosight run`'s table of where each stage's time went
+            work = metrics.get("seconds") if isinstance(metrics, dict) else None
+            Path(timings).write_text(json.dumps({"process": t_process, "flow": t_flow, "end": time.time(), "work": work}))
     except Exception as e:
         if not expected_failure(e, inputs):
             raise
@@ -279,6 +294,17 @@ def stage_cmd(name: str) -> None:
             Path(error_file).write_text(line + "\n")
             raise typer.Exit(2) from None
         _fail(line)
+
+
+def _timings_table(timed: dict[str, dict]) -> Table:
+    """Where each stage's seconds went: its own work, and the start-up around it."""
+    table = Table(title="Seconds by stage: start-up is DVC until the stage's process, its imports, and Prefect's share of the flow")
+    for col in ("stage", "seconds", "work", "start-up", "DVC", "imports", "Prefect", "DVC after"):
+        table.add_column(col, justify="left" if col == "stage" else "right")
+    keys = ("seconds", "work", "startup", "dvc", "imports", "prefect", "after")
+    for name, t in [*timed.items(), ("total", {k: sum(t[k] for t in timed.values()) for k in keys})]:
+        table.add_row(name, *(f"{t[k]:.1f}" for k in keys))
+    return table
 
 
 def _revision(rev: Optional[str]):

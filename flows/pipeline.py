@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from tasks.params import Params
 
 PARENT_TASK_ENV = "RETROSIGHT_PARENT_TASK_RUN_ID"
+TIMINGS_FILE_ENV = "RETROSIGHT_TIMINGS_FILE"  # where a stage process leaves its timestamps for the run's table
 # One pipeline run per workspace: two would interleave stages, params.yaml edits and experiments.
 LOCK = Path(".retrosight/run.lock")
 LOCK_OWNER = Path(".retrosight/run.owner")
@@ -238,35 +240,59 @@ def push(remote: str | None = None) -> str:
     return result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "pushed"
 
 
-def is_stale(stage: str) -> bool:
-    out = dvc("status", "--json", stage, capture=True).stdout
-    return stage in json.loads(out or "{}")
+def _lock_entry(stage: str) -> dict | None:
+    lock = Path("dvc.lock")
+    return (yaml.load(lock.read_text(), Loader=yaml.CSafeLoader) or {}).get("stages", {}).get(stage) if lock.exists() else None
 
 
 @task(cache_policy=NO_CACHE, task_run_name="repro-{stage}")
-def repro(stage: str, force: bool = False) -> str:
-    if not force and not is_stale(stage):
-        return "skipped"
+def repro(stage: str, force: bool = False, server: dict | None = None) -> dict:
+    """`dvc repro --single-item STAGE`: DVC runs the stage or skips it. Returns the outcome and, for
+    a stage that ran, where its seconds went (`timings`)."""
+    t0 = time.time()
     with get_client(sync_client=True) as client:
         api_url = str(client.api_url).rstrip("/")
     # The stage process joins this run's API (the ephemeral server or a real one) instead of
     # starting its own, and files its flow run under this task. Its output, progress bars
     # included, goes straight to the terminal.
-    env_extra = {"PREFECT_API_URL": api_url, PARENT_TASK_ENV: str(get_run_context().task_run.id)}
+    env_extra = {"PREFECT_API_URL": api_url, PARENT_TASK_ENV: str(get_run_context().task_run.id), **(server or {})}
     args = ["repro", "--single-item", *(["--force"] if force else []), stage]
+    before = _lock_entry(stage)
     with tempfile.TemporaryDirectory(prefix="retrosight-") as tmp:
         # A stage that fails for a reason it can say in one line leaves the line here, and
         # flows.linking runs DVC's CLI without DVC's own report of that failure.
-        error_file = Path(tmp) / "error"
-        result = dvc(*args, check=False, env_extra={**env_extra, ERROR_FILE_ENV: str(error_file)}, module="flows.linking")
+        error_file, timings_file = Path(tmp) / "error", Path(tmp) / "timings.json"
+        env_extra |= {ERROR_FILE_ENV: str(error_file), TIMINGS_FILE_ENV: str(timings_file)}
+        result = dvc(*args, check=False, env_extra=env_extra, module="flows.linking")
         said = error_file.read_text().strip() if error_file.exists() else ""
+        stamps = json.loads(timings_file.read_text()) if timings_file.exists() else None
     if result.returncode != 0:
         if said:
             raise StageFailed(said if said.startswith(f"{stage}: ") else f"{stage}: {said}")
         raise StageFailed(f"stage '{stage}' failed (dvc repro exit {result.returncode}); its output is above")
-    return "ran"
+    if stamps is None:  # a stage of ours that ran left its timings; another kind of stage, its lock entry
+        return {"outcome": "ran" if force or _lock_entry(stage) != before else "skipped"}
+    return {"outcome": "ran", **timings(t0, time.time(), stamps)}
+
+
+def timings(t0: float, t1: float, stamps: dict) -> dict:
+    """Where a stage's seconds went, from the task's start and end (t0, t1) and the stage process's
+    stamps: DVC until the stage's process began (DVC's own start-up, the interpreter's), the
+    imports until its flow was called, Prefect's share of the flow beside the stage's own work
+    (its metrics' seconds), and DVC after it (hashing the outputs, the lock)."""
+    flow = stamps["end"] - stamps["flow"]
+    work = min(stamps["work"], flow) if stamps.get("work") is not None else flow
+    parts = {"dvc": stamps["process"] - t0, "imports": stamps["flow"] - stamps["process"], "prefect": flow - work}
+    return {"seconds": t1 - t0, "work": work, "startup": sum(parts.values()), **parts, "after": t1 - stamps["end"]}
 
 
 @flow(name="retrosight-pipeline")
-def pipeline(stages: list[str], force: bool = False) -> dict[str, str]:
-    return {s: repro(s, force=force) for s in stages}
+def pipeline(stages: list[str], force: bool = False, preload: bool = True) -> dict[str, dict]:
+    if not preload:
+        return {s: repro(s, force=force) for s in stages}
+    from flows.relay import stage_server
+
+    with get_client(sync_client=True) as client:  # the server imports Prefect with the stages' settings
+        api_url = str(client.api_url).rstrip("/")
+    with stage_server({"PREFECT_API_URL": api_url}) as server:
+        return {s: repro(s, force=force, server=server) for s in stages}

@@ -52,13 +52,14 @@ def _scheduled(flow_run, overrides, push, report, prefix, logger) -> dict:
     if overrides:
         p.apply_overrides(overrides)
     # As `retrosight run` does: a bad params.yaml or a missing API key, before any work.
-    check_api_keys(load_params(), stage_roles(p.stage_names()))
+    params = load_params()
+    check_api_keys(params, stage_roles(p.stage_names()))
     if not p.stale_stages():
         logger.info("Pipeline is up to date; no new version.")
         return {"ran": [], "experiment": None}
     name = run_name(prefix, flow_run.name)
-    result = p.pipeline(p.stage_names())
-    ran = [s for s, outcome in result.items() if outcome == "ran"]
+    result = p.pipeline(p.stage_names(), preload=params.runtime.preload)
+    ran = [s for s, outcome in result.items() if outcome["outcome"] == "ran"]
     stale = p.save_experiment(name, f"scheduled run {flow_run.name} ({flow_run.id}): {', '.join(ran)}")
     logger.info("Saved as DVC experiment %s%s", name, f" (stale in it: {', '.join(stale)})" if stale else "")
     out = {"ran": ran, "experiment": name}

@@ -160,6 +160,9 @@ class RuntimeParams(Strict):
     # Processes evaluate plays its policies in side by side, runtime.threads split among them; null:
     # one per core with the hf backend (a small model's decoding is latency-bound), else one.
     processes: int | None = Field(None, ge=1)
+    # `retrosight run` starts a server that imports every stage's modules once and forks each stage
+    # from it (flows/preload.py); false: each stage process imports them itself
+    preload: bool = True
 
 
 class NoisyParams(Strict):
