@@ -3,9 +3,12 @@
     python bench/train_throughput.py [--repeats 2] [--threads N] [--trl-padding-free] [--small]
 
 Rows (each from a fresh copy of the base model, seeded and deterministic as run_train sets up):
-  refit  tasks.train.refit.train with params.yaml's config, exactly as run_train calls it
-  refit-pf  the same with train_sft's padding_free: each batch packed into one row, attention
-         per sequence (tasks.train.sft._packed_sdpa); the same loss to float rounding
+  refit  tasks.train.refit.train with params.yaml's config, exactly as run_train calls it: packed
+         batches (train.padding_free: true), each batch one row, attention per sequence
+         (tasks.train.sft._packed_sdpa)
+  refit-padded  the same with train.padding_free: false: padded batches; the same loss to float
+         rounding (tests/test_packed.py). With params whose padding_free is false, the two swap:
+         refit-packed is the row added.
   trl    trl.SFTTrainer, assistant_only_loss=True, the same batch size, epochs, learning-rate
          schedule, seeds, length-grouped sampler and precision; padded batches
   trl-pf (--trl-padding-free) the same with padding_free=True: one packed row per batch, no
@@ -118,25 +121,12 @@ def trl_trainer(model, tokenizer, conversations: list, cfg, seed: int, out: str,
     return SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
 
 
-class PaddingFree:
-    """A method config whose trainer settings add padding_free (params.yaml has no such key)."""
-
-    def __init__(self, cfg):
-        self.cfg = cfg
-
-    def __getattr__(self, name):
-        return getattr(self.cfg, name)
-
-    def trainer_kwargs(self) -> dict:
-        return {**self.cfg.trainer_kwargs(), "padding_free": True}
-
-
-def run_refit(model_dir: str, table: pl.DataFrame, cfg, seed: int, padding_free: bool = False) -> dict:
+def run_refit(model_dir: str, table: pl.DataFrame, cfg, seed: int) -> dict:
     tokenizer, model = fresh(model_dir, seed)
     record: dict = {}
     t0 = time.perf_counter()
     with timed_train(record):
-        refit.train(model, tokenizer, table, PaddingFree(cfg) if padding_free else cfg, seed)
+        refit.train(model, tokenizer, table, cfg, seed)
     record["total_s"] = time.perf_counter() - t0
     return record
 
@@ -225,9 +215,12 @@ def main() -> None:
 
     loss = fixed_batch_losses(model_dir, conversations, examples, cfg, seed)
 
+    packed = cfg.train.padding_free
+    other_name = "refit-padded" if packed else "refit-packed"
+    other = cfg.model_copy(update={"train": cfg.train.model_copy(update={"padding_free": not packed})})
     runners = {"refit": lambda: run_refit(model_dir, table, cfg, seed),
                "trl": lambda: run_trl(model_dir, table, cfg, seed, padding_free=False),
-               "refit-pf": lambda: run_refit(model_dir, table, cfg, seed, padding_free=True)}
+               other_name: lambda: run_refit(model_dir, table, other, seed)}
     if args.trl_padding_free:
         runners["trl-pf"] = lambda: run_trl(model_dir, table, cfg, seed, padding_free=True)
     runs: dict[str, list[dict]] = {name: [] for name in runners}
@@ -258,17 +251,18 @@ def main() -> None:
     print(f"\n{len(examples)} rows, {total_tokens:.0f} tokens ({supervised_tokens:.0f} supervised) over {passes:g} epochs, "
           f"batch {cfg.train.batch_size}, {steps} optimizer steps, model {model_dir}, {torch.get_num_threads()} threads, "
           f"median of {args.repeats} interleaved round(s)")
-    print(f"{'trainer':<10}{'train s':>10}{'cpu s':>10}{'total s':>10}{'tokens/s':>12}{'superv. tok/s':>15}{'refit/this':>11}{'last loss':>11}")
+    print(f"{'trainer':<14}{'train s':>10}{'cpu s':>10}{'total s':>10}{'tokens/s':>12}{'superv. tok/s':>15}{'refit/this':>11}{'last loss':>11}")
     base = summary["refit"]["tokens_per_s"]
     for name, s in summary.items():
-        print(f"{name:<10}{s['train_s']:>10.2f}{s['train_cpu_s']:>10.2f}{s['total_s']:>10.2f}"
+        print(f"{name:<14}{s['train_s']:>10.2f}{s['train_cpu_s']:>10.2f}{s['total_s']:>10.2f}"
               f"{s['tokens_per_s']:>12.1f}{s['supervised_tokens_per_s']:>15.1f}{base / s['tokens_per_s']:>11.2f}{s['final_loss']:>11.4g}")
     ratio = base / summary["trl"]["tokens_per_s"]
     rounds = [b["train_s"] / a["train_s"] for a, b in zip(runs["refit"], runs["trl"])]
     print(f"ratio ours/TRL (tokens/s, training loop): {ratio:.2f} (per round: {', '.join(f'{r:.2f}' for r in rounds)})")
     print(f"ratio ours/TRL (end to end, incl. tokenization and set-up): {summary['trl']['total_s'] / summary['refit']['total_s']:.2f}")
-    pf = summary["refit-pf"]["tokens_per_s"] / summary["trl"]["tokens_per_s"]
-    print(f"ratio ours padding-free/TRL (tokens/s, training loop): {pf:.2f}; padding-free/padded: {summary['refit-pf']['tokens_per_s'] / base:.2f}")
+    print(f"refit is {'packed' if packed else 'padded'} (train.padding_free: {str(packed).lower()}); "
+          f"{other_name}/TRL (tokens/s, training loop): {summary[other_name]['tokens_per_s'] / summary['trl']['tokens_per_s']:.2f}; "
+          f"packed/padded: {(base / summary[other_name]['tokens_per_s']) ** (1 if packed else -1):.2f}")
     print(f"fixed batch ({loss['rows']} rows, {loss['supervised_tokens']} supervised tokens, weights 1): "
           f"refit[tokens] = {loss['refit_tokens']:.8f}  trl = {loss['trl']:.8f}  diff = {loss['abs_diff']:.3g} "
           f"(rel {loss['rel_diff']:.3g}); refit[sequences] = {loss['refit_sequences']:.6f}")
@@ -279,7 +273,7 @@ def main() -> None:
         "command": " ".join(["python", "bench/train_throughput.py", *sys.argv[1:]]),
         "rows": len(examples), "epochs": passes, "batch_size": cfg.train.batch_size, "steps": steps,
         "total_tokens": total_tokens, "supervised_tokens": supervised_tokens, "threads": torch.get_num_threads(),
-        "repeats": args.repeats, "summary": summary, "ratio_ours_over_trl": ratio, "per_round_ratio": rounds, "ratio_ours_padding_free_over_trl": pf,
+        "repeats": args.repeats, "summary": summary, "ratio_ours_over_trl": ratio, "per_round_ratio": rounds, "padding_free": packed,
         "loss_curves": {name: recs[0]["loss_curve"] for name, recs in runs.items()}, "fixed_batch_loss": loss,
     }, indent=1) + "\n")
 

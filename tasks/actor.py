@@ -237,7 +237,7 @@ def run_actor(params: Params, pairs: Path, trajectory_files: list[Path], summari
     score = critic_model.scorer(a.critic) if plays else None
     proposer_role = params.roles.proposer
     proposer = make_generator(proposer_role, params.cache.path) if plays and a.explore_prob > 0 and proposer_role.backend != "oracle" else None
-    kwargs = {k: getattr(a, k) for k in ("epochs", "batch_size", "learning_rate", "warmup_ratio", "weight_decay", "bf16")}
+    kwargs = {k: getattr(a, k) for k in ("epochs", "batch_size", "learning_rate", "warmup_ratio", "weight_decay", "bf16", "padding_free")}
     zero = deepspeed_config(a.deepspeed)
     rounds, curve, all_calls, table, kept = [], [], [], [], []
     shares = None  # the parameter elements each rank holds (ZeRO-3)

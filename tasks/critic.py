@@ -176,7 +176,7 @@ def run_critic(params: Params, pairs: Path, out_dir: Path, checkpoint_dir: Path 
         shutil.rmtree(snapshots, ignore_errors=True)
     callbacks = (EpochSnapshots(model, tokenizer, snapshots, main),) if c.select == "best_of_n_val" else ()
     curve = algorithm.train(
-        model, tokenizer, train, params.seed, padding_free=False, deepspeed=deepspeed_config(c.deepspeed),
+        model, tokenizer, train, params.seed, padding_free=c.padding_free, deepspeed=deepspeed_config(c.deepspeed),
         max_loss_ratio=c.max_loss_ratio, callbacks=callbacks, checkpoint_dir=store / "trainer" if store else None, **kwargs,
     )
     shares = partition(model)

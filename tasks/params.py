@@ -194,8 +194,11 @@ class TrainParams(Strict):
     # bfloat16 autocast. auto: on where the hardware runs it (CUDA, AMX, AVX512-BF16), where it
     # is faster; elsewhere it is emulated and slower than float32.
     bf16: bool | Literal["auto"] = "auto"
-    # Pack each batch into one row, attention run per sequence: no padding tokens. Same loss to
-    # float rounding, not to the bit; faster where padding is a large share (bench/train_throughput.py).
+    # Pack each batch into one row, attention run per sequence: no padding tokens. Same loss and
+    # gradients to float rounding, not to the bit (tests/test_packed.py); faster where padding is a
+    # large share (bench/train_throughput.py). params.yaml turns it on for train, critic, actor and
+    # stepagent (ILQL and STaR-GATE-D pad regardless). The default, absent, is padded: how every
+    # run before this key trained (bootstrap's base; the committed seeds' params read so).
     padding_free: bool = False
 
 
@@ -341,6 +344,7 @@ class CriticParams(Strict):
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     bf16: bool | Literal["auto"] = "auto"
+    padding_free: bool = False  # as train.padding_free: each batch packed into one row, scored at each sequence's end
     # the scalar head before fine-tuning: random (HOPE) | probe, fit by logistic regression on the
     # frozen policy's features first (LP-FT; tasks/train/critic.py)
     head_init: Literal["random", "probe"] = "probe"
@@ -371,6 +375,7 @@ class ActorParams(Strict):
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     bf16: bool | Literal["auto"] = "auto"
+    padding_free: bool = False  # as train.padding_free: each batch of pairs packed into one row
     max_loss_ratio: float | None = Field(10.0, gt=1)
     select: Literal["last", "val"] = "last"  # val: the round whose actor wins most val games (HOPE); last: the last round's
     deepspeed: str | None = "tasks/train/deepspeed_zero3.json"  # as train.deepspeed: the DPO update on GPUs and on ranks
@@ -668,6 +673,7 @@ class StepAgentParams(Strict):
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     bf16: bool | Literal["auto"] = "auto"
+    padding_free: bool = False  # implicit: each batch of pairs packed into one row (as train.padding_free)
     max_loss_ratio: float | None = Field(10.0, gt=1)  # implicit's (LossGuard); inverse stops on a NaN/inf loss only
     deepspeed: str | None = "tasks/train/deepspeed_zero3.json"  # as train.deepspeed: GPUs and multi-rank runs
     nproc_per_node: int = Field(1, ge=1)  # > 1: the stage relaunches itself under torchrun, as train does

@@ -107,7 +107,7 @@ def run_stepagent(params: Params, pairs: Path, out_dir: Path) -> dict:
     curve, judge = [], None
     if implicit and train_rows:
         curve = stepagent_implicit.train(model, tokenizer, train_rows, seed=seed, beta=s.beta, bf16=s.bf16, max_loss_ratio=s.max_loss_ratio,
-                                         deepspeed=deepspeed_config(s.deepspeed), **kwargs)
+                                         padding_free=s.padding_free, deepspeed=deepspeed_config(s.deepspeed), **kwargs)
     elif not implicit:
         judge, _ = discriminator.load(s.base_model, derive_seed(params.seed, "stepagent-discriminator"))
         if train_rows:

@@ -48,19 +48,19 @@ def test_train_throughput_bench_small(request, tmp_path):
     text = proc.stdout
     assert re.search(r"^8 rows, \d+ tokens \(\d+ supervised\) over 1 epochs, batch 4, 2 optimizer steps", text, re.MULTILINE), text
     last_loss = {}
-    for name in ("refit", "trl", "refit-pf"):
+    for name in ("refit", "trl", "refit-padded"):
         row = re.search(rf"^{name}\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)$", text, re.MULTILINE)
         assert row, text
         assert all(float(x) > 0 for x in row.groups()[:6]), row.group(0)
         last_loss[name] = float(row.group(7))
-    # Padding-free batches train the same model to float rounding.
-    assert abs(last_loss["refit-pf"] - last_loss["refit"]) <= 1e-3 * abs(last_loss["refit"])
-    assert re.search(r"^ratio ours padding-free/TRL \(tokens/s, training loop\): \d+\.\d+", text, re.MULTILINE), text
+    # params.yaml packs; padded batches train the same model to float rounding.
+    assert abs(last_loss["refit-padded"] - last_loss["refit"]) <= 1e-3 * abs(last_loss["refit"])
+    assert re.search(r"^refit is packed \(train.padding_free: true\); refit-padded/TRL \(tokens/s, training loop\): \d+\.\d+; packed/padded: \d+\.\d+", text, re.MULTILINE), text
     ratio = re.search(r"^ratio ours/TRL \(tokens/s, training loop\): (\S+)", text, re.MULTILINE)
     assert ratio and float(ratio.group(1)) > 0, text
     loss = re.search(r"refit\[tokens\] = (\S+)\s+trl = (\S+)\s+diff = (\S+)", text)
     assert loss, text
     assert float(loss.group(1)) > 0 and abs(float(loss.group(1)) - float(loss.group(2))) <= 1e-5 * float(loss.group(2))
     saved = json.loads(out.read_text())
-    assert saved["rows"] == 8 and saved["steps"] == 2 and saved["summary"]["trl"]["tokens_per_s"] > 0
+    assert saved["rows"] == 8 and saved["steps"] == 2 and saved["summary"]["trl"]["tokens_per_s"] > 0 and saved["padding_free"]
     assert abs(saved["ratio_ours_over_trl"] - float(ratio.group(1))) < 0.01

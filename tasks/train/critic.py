@@ -56,15 +56,23 @@ def soft_bce(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 class CriticTrainer(Trainer):
-    """The HF Trainer with Eq. 1; batches carry each pair's `target`."""
+    """The HF Trainer with Eq. 1; batches carry each pair's `target`. A packed batch (one row, no
+    padding) is scored at each sequence's last token, where the padded head reads a row's last
+    non-pad token."""
 
     loss_is_scaled_for_ga = False  # compute_loss returns a micro-batch mean (see refit.py)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         targets = inputs.pop("target")
         inputs.pop("labels")
-        outputs = model(**inputs)
-        loss = soft_bce(outputs.logits.squeeze(-1), targets)
+        if "cu_seq_lens_q" in inputs:
+            hidden = model.base_model(**inputs).last_hidden_state[0]
+            outputs = None
+            scores = model.score(hidden[inputs["cu_seq_lens_q"][1:].long() - 1]).squeeze(-1)
+        else:
+            outputs = model(**inputs)
+            scores = outputs.logits.squeeze(-1)
+        loss = soft_bce(scores, targets)
         return (loss, outputs) if return_outputs else loss
 
 

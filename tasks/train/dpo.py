@@ -77,7 +77,7 @@ def fit(model, tokenizer, rows: list[dict], cfg, seed: int) -> dict:
         return {"rows": 0, "beta": cfg.beta, "pairs_cut": cut, "pairs_refused": refused, "curve": []}
     dpo_rows = online_dpo.pair_rows(model, tokenizer, encoded)
     # The pair collator pads; a packed batch would need its sequence bounds.
-    curve = online_dpo.fit(model, tokenizer, dpo_rows, seed, cfg.beta, **{**cfg.trainer_kwargs(), "padding_free": False})
+    curve = online_dpo.fit(model, tokenizer, dpo_rows, seed, cfg.beta, **cfg.trainer_kwargs())
     last = curve[-1] if curve else {}
     return {"rows": len(dpo_rows), "beta": cfg.beta, "pairs_cut": cut, "pairs_refused": refused,
             "final_margin": last.get("margin"), "final_accuracy": last.get("accuracy"), "curve": curve}

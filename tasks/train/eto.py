@@ -115,7 +115,7 @@ def train(model, tokenizer, rows: list[dict], cfg, seed: int) -> dict:
     with _gathered(model):  # every rank reads the same reference: the same weights, the same pairs
         dpo_rows = online_dpo.pair_rows(model, tokenizer, encoded)
     # The pair collator pads; a packed batch would need its sequence bounds.
-    curve = online_dpo.fit(model, tokenizer, dpo_rows, seed, cfg.beta, **{**cfg.trainer_kwargs(), "padding_free": False})
+    curve = online_dpo.fit(model, tokenizer, dpo_rows, seed, cfg.beta, **cfg.trainer_kwargs())
     last = curve[-1] if curve else {}
     return {"rows": len(dpo_rows), "beta": cfg.beta, "pairs_cut": cut, "final_margin": last.get("margin"),
             "final_accuracy": last.get("accuracy"), "curve": curve}

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer
 
-from tasks.train.sft import IGNORE, MaskError, PadCollator, train_sft
+from tasks.train.sft import IGNORE, PACKED_KEYS, MaskError, PadCollator, train_sft
 
 
 def encode(tokenizer, prompt: list[dict], action: dict, context: int) -> tuple[dict, bool]:
@@ -40,16 +40,23 @@ def encode(tokenizer, prompt: list[dict], action: dict, context: int) -> tuple[d
     return {"input_ids": ids, "labels": labels}, cut
 
 
-def sequence_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum of log p(token) over each row's labelled tokens: [B]. The output layer and softmax run
-    on the action's positions only: a state is most of a sequence and carries no loss."""
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+def sequence_logps(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor, **packed) -> torch.Tensor:
+    """Sum of log p(token) over each sequence's labelled tokens: [B] for a padded batch, one per
+    sequence for a packed one (attention_mask None, `packed` PadCollator's position_ids and
+    cu_seq_lens_*). The output layer and softmax run on the action's positions only: a state is
+    most of a sequence and carries no loss."""
+    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, **packed).last_hidden_state[:, :-1]
     target = labels[:, 1:]
     keep = target != IGNORE
     logits = model.get_output_embeddings()(hidden[keep]).float()
     logp = logits.log_softmax(-1).gather(1, target[keep].unsqueeze(1)).squeeze(1)
-    rows = torch.arange(len(target), device=target.device).unsqueeze(1).expand_as(target)[keep]
-    return torch.zeros(len(target), dtype=logp.dtype, device=logp.device).index_add(0, rows, logp)
+    if packed:  # the label at row position j + 1 is of the sequence whose span holds j + 1
+        bounds = packed["cu_seq_lens_q"].to(target.device)
+        positions = torch.arange(1, target.shape[1] + 1, device=target.device, dtype=bounds.dtype)
+        rows, n = torch.bucketize(positions, bounds[1:], right=True).unsqueeze(0).expand_as(target)[keep], len(bounds) - 1
+    else:
+        rows, n = torch.arange(len(target), device=target.device).unsqueeze(1).expand_as(target)[keep], len(target)
+    return torch.zeros(n, dtype=logp.dtype, device=logp.device).index_add(0, rows, logp)
 
 
 def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float):
@@ -60,8 +67,8 @@ def dpo_loss(chosen: torch.Tensor, rejected: torch.Tensor, ref_chosen: torch.Ten
 
 
 class PairCollator(PadCollator):
-    """A batch of pairs as one padded batch: the chosen rows, then the rejected ones, with the
-    reference's log-probabilities in the same order."""
+    """A batch of pairs as one padded (or, padding_free, packed) batch: the chosen rows, then the
+    rejected ones, with the reference's log-probabilities in the same order."""
 
     def __call__(self, batch: list[dict]) -> dict[str, torch.Tensor]:
         rows = [{"input_ids": b["input_ids"], "labels": b["labels"]} for b in batch]
@@ -82,7 +89,8 @@ class DPOTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         ref = inputs.pop("ref_logps")
-        logps = sequence_logps(model, inputs["input_ids"], inputs["attention_mask"], inputs["labels"])
+        packed = {k: inputs[k] for k in PACKED_KEYS if k in inputs}
+        logps = sequence_logps(model, inputs["input_ids"], inputs.get("attention_mask"), inputs["labels"], **packed)
         n = ref.shape[0] // 2
         loss, r_chosen, r_rejected = dpo_loss(logps[:n], logps[n:], ref[:n], ref[n:], self.beta)
         self._seen.append(((r_chosen - r_rejected).mean().item(), (r_chosen > r_rejected).float().mean().item()))
@@ -123,10 +131,11 @@ def pair_rows(ref_model, tokenizer, pairs: list[tuple[dict, dict]]) -> list[dict
 
 
 def fit(model, tokenizer, rows: list[dict], seed: int, beta: float, **trainer_kwargs) -> list[dict]:
-    """Trains `model` in place on pair_rows (train_sft's settings; under torchrun every rank calls
-    it with the same rows and takes its share of each batch); returns the loss curve (with margin
-    and accuracy)."""
-    return train_sft(model, tokenizer, rows, seed=seed, trainer_cls=DPOTrainer, collator=PairCollator(tokenizer.pad_token_id), beta=beta, **trainer_kwargs)
+    """Trains `model` in place on pair_rows (train_sft's settings, padding_free included; under
+    torchrun every rank calls it with the same rows and takes its share of each batch); returns
+    the loss curve (with margin and accuracy)."""
+    collator = PairCollator(tokenizer.pad_token_id, trainer_kwargs.get("padding_free", False))
+    return train_sft(model, tokenizer, rows, seed=seed, trainer_cls=DPOTrainer, collator=collator, beta=beta, **trainer_kwargs)
 
 
 def train(model, ref_model, tokenizer, pairs: list[tuple[dict, dict]], seed: int, beta: float, **trainer_kwargs) -> list[dict]:

@@ -166,6 +166,8 @@ def tokenize_chats(
 
 
 PACKED_ATTENTION = "retrosight_packed_sdpa"
+# What a packed batch gives the model in place of an attention mask (PadCollator._packed).
+PACKED_KEYS = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 
 
 def _packed_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, cu_seq_lens_q=None, **kwargs):
@@ -260,9 +262,9 @@ def train_sft(
     (a resumed run then averages the same steps into each logged loss), and training resumes from
     the newest complete one there.
 
-    `padding_free` packs each batch into one row (no padding; attention per sequence). It computes
-    the same loss to float rounding, not to the bit, so it is off by default (the pipeline's models
-    stay byte-identical); faster where lengths in a batch differ.
+    `padding_free` packs each batch into one row (no padding; attention per sequence): the same
+    loss and gradients to float rounding, not to the bit (tests/test_packed.py, per trainer),
+    faster where lengths in a batch differ. The train stage's default (`train.padding_free`).
 
     `max_steps` trains exactly that many optimizer steps instead of `epochs` passes (the HF
     Trainer's max_steps: passes repeated, the last one cut short)."""
