@@ -1,4 +1,5 @@
-"""bench/train_throughput.py at --small on a tiny model: the table, the ratio and the loss check are printed and sane."""
+"""bench/train_throughput.py at --small on a tiny model, and bench/critic_throughput.py on a few pairs: the
+tables, the ratios and the loss checks are printed and sane."""
 import inspect
 import json
 import re
@@ -64,3 +65,15 @@ def test_train_throughput_bench_small(request, tmp_path):
     saved = json.loads(out.read_text())
     assert saved["rows"] == 8 and saved["steps"] == 2 and saved["summary"]["trl"]["tokens_per_s"] > 0 and saved["padding_free"]
     assert abs(saved["ratio_ours_over_trl"] - float(ratio.group(1))) < 0.01
+
+
+def test_critic_throughput_bench_small():
+    proc = subprocess.run([sys.executable, "bench/critic_throughput.py", "--pairs", "16", "--repeats", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {m[0]: [float(x) for x in m[1:]] for m in re.findall(r"^(padded|packed)\s+(\S+)\s+(\S+)\s+(\S+)$", proc.stdout, re.MULTILINE)}
+    assert set(rows) == {"padded", "packed"}, proc.stdout
+    assert all(seconds > 0 for seconds, _, _ in rows.values())
+    assert rows["packed"][1] == pytest.approx(rows["padded"][0] / rows["packed"][0], abs=0.01)
+    # One step on the same pairs: the same loss to bf16 rounding (a packed batch scored at the wrong token differs by far more).
+    assert rows["packed"][2] == pytest.approx(rows["padded"][2], rel=1e-2), proc.stdout

@@ -66,9 +66,12 @@ class CriticTrainer(Trainer):
         targets = inputs.pop("target")
         inputs.pop("labels")
         if "cu_seq_lens_q" in inputs:
-            hidden = model.base_model(**inputs).last_hidden_state[0]
+            # The Trainer's bf16 autocast wraps model.forward only: the body and head called
+            # directly here take it explicitly (without it, fp32 and about 10x slower on CPU).
+            with self.accelerator.autocast():
+                hidden = model.base_model(**inputs).last_hidden_state[0]
+                scores = model.score(hidden[inputs["cu_seq_lens_q"][1:].long() - 1]).squeeze(-1)
             outputs = None
-            scores = model.score(hidden[inputs["cu_seq_lens_q"][1:].long() - 1]).squeeze(-1)
         else:
             outputs = model(**inputs)
             scores = outputs.logits.squeeze(-1)
