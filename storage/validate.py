@@ -34,6 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from storage.parquet import SchemaVersionError, read_table, schema_of, write_table
+from storage import recorded
 from storage.schema import (
     ID_FIELDS,
     MESSAGE,
@@ -145,21 +146,24 @@ def scan_checked(
     POOL_MIN_ROWS rows is checked in its worker processes, row groups at a time, and the
     results are taken in file order, so they are the same as in-process. Kept rows, quarantine
     rows and errors are read_checked's: duplicates are found once every batch is checked, and
-    the raw JSON of a duplicate is read back from the file.
+    the raw JSON of a duplicate is read back from the file. A file that is byte for byte the
+    output DVC recorded for its stage (storage.recorded) is not content-hashed again: the stage
+    that wrote it computed those hashes; every other check runs.
     """
     ts = get_schema(name)
     rules = RULES.get(name, Rules())
     source_file = str(path)
     file = _open_checked(path, name, ts)
     t = time.perf_counter()
+    written = rules.content is not None and recorded.as_written(path)
     if pool is not None and pool.workers > 1 and file.metadata.num_rows >= POOL_MIN_ROWS:
-        parts = list(pool.map(source_file, name, columns, _row_group_tasks(file)))
+        parts = list(pool.map(source_file, name, columns, _row_group_tasks(file), written))
         wall = time.perf_counter() - t
         busy = sum(p.busy for p in parts)
         # The workers read and check at once: the checks' share of the wall time.
         checking = wall * sum(p.seconds for p in parts) / busy if busy else 0.0
     else:
-        parts = [_check_batches(_numbered(_read_batches(file, path, columns=None)), name, columns, pool.hooks.get(name) if pool else None)]
+        parts = [_check_batches(_numbered(_read_batches(file, path, columns=None)), name, columns, pool.hooks.get(name) if pool else None, written)]
         checking = parts[0].seconds
     problems = {k: v for p in parts for k, v in p.problems.items()}
     raws = {k: v for p in parts for k, v in p.raws.items()}
@@ -200,8 +204,8 @@ class CheckPool:
         self.workers = workers if workers is not None else min(2, os.cpu_count() or 1)
         self._executor: ProcessPoolExecutor | None = None
 
-    def map(self, path: str, name: str, columns: list[str], tasks: list[tuple[int, list[int]]]) -> Iterator[_Checked]:
-        args = zip(*[(path, name, columns, start, groups) for start, groups in tasks])
+    def map(self, path: str, name: str, columns: list[str], tasks: list[tuple[int, list[int]]], as_written: bool = False) -> Iterator[_Checked]:
+        args = zip(*[(path, name, columns, start, groups, as_written) for start, groups in tasks])
         if self._executor is not None:
             return self._executor.map(_check_row_groups, *args)
         self._executor = ProcessPoolExecutor(
@@ -245,14 +249,14 @@ class _Checked:
     busy: float = 0.0  # in all, reading included
 
 
-def _check_batches(batches: Iterator[tuple[int, pa.RecordBatch]], name: str, columns: list[str], each_batch) -> _Checked:
+def _check_batches(batches: Iterator[tuple[int, pa.RecordBatch]], name: str, columns: list[str], each_batch, as_written: bool = False) -> _Checked:
     rules = RULES.get(name, Rules())
     out = _Checked()
     t0 = time.perf_counter()
     for start, batch in batches:
         t = time.perf_counter()
         found: dict[int, tuple[str, str]] = {}
-        for row, where, reason in _batch_problems(batch, rules):
+        for row, where, reason in _batch_problems(batch, rules, as_written):
             found.setdefault(row, (where, reason))
         bad = sorted(found)
         keep = np.ones(batch.num_rows, dtype=bool)
@@ -299,11 +303,11 @@ def _install_hooks(hooks: dict) -> None:
     _HOOKS.update(hooks)
 
 
-def _check_row_groups(path: str, name: str, columns: list[str], start: int, groups: list[int]) -> _Checked:
+def _check_row_groups(path: str, name: str, columns: list[str], start: int, groups: list[int], as_written: bool) -> _Checked:
     """In a worker: _check_batches over row groups `groups` of `path`, the first at row `start`."""
     file = pq.ParquetFile(path)
     batches = file.iter_batches(batch_size=BATCH_ROWS, row_groups=groups)
-    return _check_batches(_numbered(_read_batches(batches, path), start), name, columns, _HOOKS.get(name))
+    return _check_batches(_numbered(_read_batches(batches, path), start), name, columns, _HOOKS.get(name), as_written)
 
 
 def read_rows(path: Path | str, rows: list[int] | np.ndarray) -> pa.Table:
@@ -452,6 +456,9 @@ class Rules:
     text: tuple[str, ...] = ()  # fields that must hold more than whitespace
     enums: dict[str, tuple[str, ...]] = field(default_factory=dict)
     rows: Callable[[pa.RecordBatch, dict[str, _Node]], Iterator[Problem]] | None = None  # cross-field rules
+    # Checked last (a row failing another check is reported for that), and skipped for a file
+    # DVC recorded as its stage wrote it (storage.recorded): the content hash.
+    content: Callable[[pa.RecordBatch], Iterator[Problem]] | None = None
 
 
 @dataclass(frozen=True)
@@ -588,13 +595,11 @@ def _trajectory_rules(batch: pa.RecordBatch, nodes: dict[str, _Node]) -> Iterato
     branch = _np(batch.column("branch_turn"), fill=0)
     outside = _np(batch.column("branch_turn").is_valid()) & ((branch < 0) | (branch >= num_turns))
     yield from _flag(outside, "branch_turn", lambda r: f"{branch[r]} is outside 0..{num_turns[r] - 1} (the row's turns)")
-    # A hand-edited row keeps its old ID; the content hash gives it away. Checked last, so a
-    # row that failed another check is reported for that.
-    yield from _hash_mismatches(batch)
 
 
 def _hash_mismatches(batch: pa.RecordBatch) -> Iterator[Problem]:
-    """Rows whose trajectory_id is not storage.schema.trajectory_id of their content.
+    """Rows whose trajectory_id is not storage.schema.trajectory_id of their content: a hand-edited
+    row keeps its old ID, and the content hash gives it away.
 
     polars writes the same canonical JSON (sorted keys, no spaces, UTF-8 as is) about ten times
     faster than json.dumps over to_pylist; trajectory_id itself rehashes any row that differs
@@ -758,6 +763,7 @@ RULES: dict[str, Rules] = {
         text=("trajectory_id", "env", "task_id", "split", "source", "policy_id", *MESSAGE_TEXT),
         enums={"split": SPLITS, "source": SOURCES, **MESSAGE_ENUMS},
         rows=_trajectory_rules,
+        content=_hash_mismatches,
     ),
     "summaries": Rules(
         key="trajectory_id",
@@ -825,7 +831,7 @@ RULES: dict[str, Rules] = {
 # --- the checks --------------------------------------------------------------------------------
 
 
-def _batch_problems(batch: pa.RecordBatch, rules: Rules) -> Iterator[Problem]:
+def _batch_problems(batch: pa.RecordBatch, rules: Rules, as_written: bool = False) -> Iterator[Problem]:
     bad_text = invalid_utf8(batch)
     for row, (path, reason) in bad_text.items():
         yield row, path, reason
@@ -835,6 +841,8 @@ def _batch_problems(batch: pa.RecordBatch, rules: Rules) -> Iterator[Problem]:
     checks = [_nulls(nodes), _enums(nodes, rules), _blanks(nodes, rules), _lengths(nodes), _non_finite(nodes)]
     if rules.rows:
         checks.append(rules.rows(clean, nodes))
+    if rules.content and not as_written:
+        checks.append(rules.content(clean))
     for check in checks:
         for row, path, reason in check:
             yield int(rows[row]), path, reason

@@ -261,3 +261,43 @@ def test_table_writer_writes_write_tables_bytes(tmp_path):
         w.write(big.slice(0, 100))
         raise RuntimeError("killed")
     assert list(tmp_path.glob("*c.parquet*")) == []
+
+
+def _dvc(cwd: Path, *args: str) -> None:
+    import subprocess
+    import sys
+
+    subprocess.run([str(Path(sys.executable).parent / "dvc"), *args], cwd=cwd, check=True, capture_output=True, text=True)
+
+
+def test_a_file_as_its_stage_wrote_it_is_not_rehashed_and_one_edited_by_hand_is(tmp_path):
+    """The content hash is skipped only for a file byte for byte the output DVC recorded for its
+    stage; a row edited by hand afterwards changes the file's MD5, and the row is quarantined."""
+    rng = np.random.default_rng(11)
+    table = data_scale._chunk(rng, 0, 60, 3)
+    write_table(data_scale._labels(rng, table), tmp_path / "labels.parquet", "labels")
+    rows = table.to_pylist()
+    rows[7]["trajectory_id"] = "0123456789abcdef"  # a wrong ID, in the file as the stage wrote it
+    written = tmp_path / "trajectories.parquet"
+    write_table(pa.Table.from_pylist(rows, schema=table.schema), written, "trajectories")
+    _dvc(tmp_path, "init", "--no-scm", "-q")
+    _dvc(tmp_path, "stage", "add", "-q", "-n", "collect", "-O", "trajectories.parquet", "echo collected")
+    _dvc(tmp_path, "commit", "-f", "-q", "collect")  # dvc.lock: the file's MD5, as `dvc repro` records it
+    from storage.recorded import as_written, file_md5, recorded_md5
+
+    assert recorded_md5(written) == file_md5(written) and as_written(written)
+    _, quarantine = validate.scan_checked(written, "trajectories", ["trajectory_id"])[1:3]
+    assert quarantine.num_rows == 0  # trusted: the writing stage computed the IDs (here, one wrongly on purpose)
+
+    edited = pq.read_table(written)
+    messages = edited.column("messages").to_pylist()
+    messages[20][-1]["content"] += " (edited)"
+    edited = edited.set_column(edited.schema.get_field_index("messages"), edited.schema.field("messages"),
+                               pa.array(messages, edited.schema.field("messages").type))
+    pq.write_table(edited, written)  # by hand, with pyarrow, as a user would: the schema's metadata kept
+    assert not as_written(written)
+    metrics = stage.run_standardize(load_params(ROOT / "params.yaml"), [written], tmp_path / "labels.parquet", tmp_path / "out")
+    q = pq.read_table(tmp_path / "out" / "quarantine.parquet").to_pylist()
+    by_row = {r["row"]: r["reason"] for r in q if r["field"] == "trajectory_id"}
+    assert "content hash" in by_row[20] and "content hash" in by_row[7], q  # both: the whole file is hashed again
+    assert metrics["inputs"][str(written)]["quarantined"] >= 2
