@@ -1,4 +1,4 @@
-"""HOPE's critic trainer on packed batches (critic.padding_free: true, the default) beside padded ones.
+"""HOPE's critic trainer on packed batches (critic.padding_free: true) beside padded ones (the default).
 
     python bench/critic_throughput.py [--pairs 96] [--repeats 2] [--threads 2]
 

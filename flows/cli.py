@@ -141,6 +141,8 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
     names = p.stage_names()  # after the overrides: `iterations` adds stages
     if stage is not None and stage not in names:
         refuse(f"unknown stage '{stage}' (stages: {', '.join(names)})")
+    if restored := p.restore_cut_lock():
+        console.print(restored)
     try:
         if only and (stale := p.stale_upstream(stage)):
             refuse(f"--only {stage}: its inputs are stale ({', '.join(stale)} changed); run `retrosight run {stage}` to rerun them too")

@@ -35,6 +35,9 @@ TIMINGS_FILE_ENV = "RETROSIGHT_TIMINGS_FILE"  # where a stage process leaves its
 # One pipeline run per workspace: two would interleave stages, params.yaml edits and experiments.
 LOCK = Path(".retrosight/run.lock")
 LOCK_OWNER = Path(".retrosight/run.owner")
+# dvc.lock as DVC left it after the last stage it finished. DVC rewrites dvc.lock in place, so a
+# run killed while DVC writes it leaves a file cut short, which every later DVC command refuses.
+LAST_LOCK = Path(".retrosight/dvc.lock.last")
 
 
 class StageFailed(RuntimeError):
@@ -240,6 +243,43 @@ def push(remote: str | None = None) -> str:
     return result.stdout.strip().splitlines()[-1] if result.stdout.strip() else "pushed"
 
 
+def keep_lock() -> None:
+    """LAST_LOCK := dvc.lock, atomically (a copy, then a rename)."""
+    lock = Path("dvc.lock")
+    if lock.exists():
+        LAST_LOCK.parent.mkdir(exist_ok=True)
+        tmp = LAST_LOCK.with_name(LAST_LOCK.name + ".tmp")
+        tmp.write_bytes(lock.read_bytes())
+        os.replace(tmp, LAST_LOCK)
+
+
+def _readable_lock(data: bytes) -> bool:
+    """Whether DVC would read `data` as a dvc.lock (its own schema)."""
+    from dvc.schema import COMPILED_LOCKFILE_SCHEMA
+
+    try:
+        COMPILED_LOCKFILE_SCHEMA(yaml.load(data, Loader=yaml.CSafeLoader))
+    except Exception:  # noqa: BLE001  (YAML's errors and the schema's: either way, not readable)
+        return False
+    return True
+
+
+def restore_cut_lock() -> str | None:
+    """A dvc.lock that DVC cannot read, left by a killed run, is replaced by LAST_LOCK when that
+    one is readable: the stages DVC finished keep their record, and the one it was recording
+    runs again. Returns the line to print, or None when nothing was wrong."""
+    lock = Path("dvc.lock")
+    if not lock.exists() or not LAST_LOCK.exists():
+        return None
+    data, last = lock.read_bytes(), LAST_LOCK.read_bytes()
+    if data == last or _readable_lock(data) or not _readable_lock(last):
+        return None
+    tmp = lock.with_name("dvc.lock.tmp")
+    tmp.write_bytes(last)
+    os.replace(tmp, lock)
+    return "dvc.lock was cut short (a run killed while DVC wrote it): restored as the last finished stage left it"
+
+
 def _lock_entry(stage: str) -> dict | None:
     lock = Path("dvc.lock")
     return (yaml.load(lock.read_text(), Loader=yaml.CSafeLoader) or {}).get("stages", {}).get(stage) if lock.exists() else None
@@ -270,6 +310,7 @@ def repro(stage: str, force: bool = False, server: dict | None = None) -> dict:
         if said:
             raise StageFailed(said if said.startswith(f"{stage}: ") else f"{stage}: {said}")
         raise StageFailed(f"stage '{stage}' failed (dvc repro exit {result.returncode}); its output is above")
+    keep_lock()
     if stamps is None:  # a stage of ours that ran left its timings; another kind of stage, its lock entry
         return {"outcome": "ran" if force or _lock_entry(stage) != before else "skipped"}
     return {"outcome": "ran", **timings(t0, time.time(), stamps)}

@@ -54,6 +54,8 @@ def _scheduled(flow_run, overrides, push, report, prefix, logger) -> dict:
     # As `retrosight run` does: a bad params.yaml or a missing API key, before any work.
     params = load_params()
     check_api_keys(params, stage_roles(p.stage_names()))
+    if restored := p.restore_cut_lock():
+        logger.warning(restored)
     if not p.stale_stages():
         logger.info("Pipeline is up to date; no new version.")
         return {"ran": [], "experiment": None}
