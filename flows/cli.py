@@ -161,7 +161,7 @@ def _run(stage: str | None, force: bool, only: bool, set_param: list[str] | None
     except ValueError as e:  # MissingAPIKey
         refuse(str(e))
     try:
-        result = p.pipeline(todo, force=force, preload=params.runtime.preload)
+        result = p.run_pipeline(todo, force=force, preload=params.runtime.preload)
     except p.StageFailed as e:  # a stage's cause is printed above it; DVC's own, in the message
         _fail(str(e))
     for stage_name, outcome in result.items():

@@ -327,13 +327,19 @@ def timings(t0: float, t1: float, stamps: dict) -> dict:
     return {"seconds": t1 - t0, "work": work, "startup": sum(parts.values()), **parts, "after": t1 - stamps["end"]}
 
 
-@flow(name="retrosight-pipeline")
-def pipeline(stages: list[str], force: bool = False, preload: bool = True) -> dict[str, dict]:
+def run_pipeline(stages: list[str], force: bool = False, preload: bool = True) -> dict[str, dict]:
+    """The pipeline flow over `stages`; with `preload`, the stage server started first, so that its
+    imports (torch, transformers, TRL: seconds) run while Prefect starts its API, not while the
+    first stage waits. The server needs no API address: each stage's child rereads Prefect's
+    settings from the environment its stage process hands over."""
     if not preload:
-        return {s: repro(s, force=force) for s in stages}
+        return pipeline(stages, force=force)
     from flows.relay import stage_server
 
-    with get_client(sync_client=True) as client:  # the server imports Prefect with the stages' settings
-        api_url = str(client.api_url).rstrip("/")
-    with stage_server({"PREFECT_API_URL": api_url}) as server:
-        return {s: repro(s, force=force, server=server) for s in stages}
+    with stage_server({}) as server:
+        return pipeline(stages, force=force, server=server)
+
+
+@flow(name="retrosight-pipeline")
+def pipeline(stages: list[str], force: bool = False, server: dict | None = None) -> dict[str, dict]:
+    return {s: repro(s, force=force, server=server) for s in stages}

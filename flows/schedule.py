@@ -60,7 +60,7 @@ def _scheduled(flow_run, overrides, push, report, prefix, logger) -> dict:
         logger.info("Pipeline is up to date; no new version.")
         return {"ran": [], "experiment": None}
     name = run_name(prefix, flow_run.name)
-    result = p.pipeline(p.stage_names(), preload=params.runtime.preload)
+    result = p.run_pipeline(p.stage_names(), preload=params.runtime.preload)
     ran = [s for s, outcome in result.items() if outcome["outcome"] == "ran"]
     stale = p.save_experiment(name, f"scheduled run {flow_run.name} ({flow_run.id}): {', '.join(ran)}")
     logger.info("Saved as DVC experiment %s%s", name, f" (stale in it: {', '.join(stale)})" if stale else "")
