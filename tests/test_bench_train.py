@@ -1,4 +1,4 @@
-"""bench/train_throughput.py at --small on a tiny model, and bench/critic_throughput.py on a few pairs: the
+"""bench/train_throughput.py at --small on a tiny model, and bench/packed_throughput.py on a few pairs: the
 tables, the ratios and the loss checks are printed and sane."""
 import inspect
 import json
@@ -67,13 +67,16 @@ def test_train_throughput_bench_small(request, tmp_path):
     assert abs(saved["ratio_ours_over_trl"] - float(ratio.group(1))) < 0.01
 
 
-def test_critic_throughput_bench_small():
-    proc = subprocess.run([sys.executable, "bench/critic_throughput.py", "--pairs", "16", "--repeats", "1"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+def test_packed_throughput_bench_small():
+    proc = subprocess.run([sys.executable, "bench/packed_throughput.py", "--pairs", "16", "--repeats", "1"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = {m[0]: [float(x) for x in m[1:]] for m in re.findall(r"^(padded|packed)\s+(\S+)\s+(\S+)\s+(\S+)$", proc.stdout, re.MULTILINE)}
-    assert set(rows) == {"padded", "packed"}, proc.stdout
-    assert all(seconds > 0 for seconds, _, _ in rows.values())
-    assert rows["packed"][1] == pytest.approx(rows["padded"][0] / rows["packed"][0], abs=0.01)
-    # One step on the same pairs: the same loss to bf16 rounding (a packed batch scored at the wrong token differs by far more).
-    assert rows["packed"][2] == pytest.approx(rows["padded"][2], rel=1e-2), proc.stdout
+    found = re.findall(r"^(critic|dpo)\s+(padded|packed)\s+(\S+)\s+(\S+)\s+(\S+)$", proc.stdout, re.MULTILINE)
+    rows = {(t, k): [float(x) for x in rest] for t, k, *rest in found}
+    assert set(rows) == {(t, k) for t in ("critic", "dpo") for k in ("padded", "packed")}, proc.stdout
+    for trainer in ("critic", "dpo"):
+        padded, packed = rows[trainer, "padded"], rows[trainer, "packed"]
+        assert padded[0] > 0 and packed[0] > 0
+        assert packed[1] == pytest.approx(padded[0] / packed[0], abs=0.01)
+        # One step on the same rows: the same loss to bf16 rounding (a packed batch scored at the wrong token differs by far more).
+        assert packed[2] == pytest.approx(padded[2], rel=1e-2), proc.stdout

@@ -81,7 +81,8 @@ def test_zero3_on_two_cpu_ranks_matches_one_process_on_the_same_global_batch(tin
     assert json.loads((tmp_path / "two/metrics.json").read_text())["world_size"] == 2  # rank 0 wrote it
 
 
-def test_the_critic_on_two_cpu_ranks_matches_one_process(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_critic_on_two_cpu_ranks_matches_one_process(tiny_model_dir, tmp_path, packed):
     from test_critic import pairs_table
 
     from storage.schema import to_table
@@ -94,6 +95,7 @@ def test_the_critic_on_two_cpu_ranks_matches_one_process(tiny_model_dir, tmp_pat
         return Params.model_validate(tiny_params({"critic": {
             "base_model": str(tiny_model_dir), "nproc_per_node": nproc, "batch_size": batch_size, "epochs": 2, "heldout_share": 0.0,
             "deepspeed": str(ROOT / "tasks/train/deepspeed_zero3.json"), "bf16": False,  # float32 on both sides, as above
+            "padding_free": packed,
         }}))
 
     two = run_critic(params(2, 4), tmp_path / "pairs.parquet", tmp_path / "two")
