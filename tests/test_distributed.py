@@ -259,3 +259,19 @@ def test_evaluate_plays_its_policies_in_worker_processes_as_in_one(chain, tiny_m
 
 def untimed(d):
     return {k: untimed(v) for k, v in d.items() if not k.endswith("seconds")} if isinstance(d, dict) else d
+
+
+@pytest.mark.system
+def test_a_rank_that_fails_names_its_error_in_the_stages_error(tmp_path):
+    """The ranks' stderr interleaves on the console; the stage's one error keeps each rank's cause."""
+    from test_grpo import ranks_table, stage_params
+
+    from tasks.train import distributed
+
+    params = stage_params(tmp_path / "no-such-model", {"grpo": {"algorithm": "grpo"}}, nproc_per_node=2, batch_size=2)
+    with pytest.raises(RuntimeError) as failed:
+        distributed.launch(params, ranks_table(tmp_path / "train.parquet"), tmp_path / "out", None, 2)
+    message = str(failed.value)
+    assert message.startswith("train: the 2 ranks under torchrun failed (exit code 1)")
+    for rank in (0, 1):
+        assert f"\n  rank {rank}: OSError: " in message and "no-such-model" in message, message

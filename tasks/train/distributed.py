@@ -50,6 +50,8 @@ def launch(
         spec.write_text(params.model_dump_json())
         cmd = [
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            # each rank's stderr to the console and to a file, so a failure can name its cause
+            "--log-dir", str(Path(tmp) / "logs"), "--tee", "2",
             "-m", "tasks.train.launch", "--stage", stage, "--params", str(spec), "--training", str(training), "--out", str(out_dir),
         ]
         if checkpoint_dir is not None:
@@ -62,9 +64,25 @@ def launch(
             env.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator: gloo, no device
         print(f"{stage}: {nproc} ranks under torchrun", flush=True)
         done = subprocess.run(cmd, check=False, env=env)
-    if done.returncode:
-        raise RuntimeError(f"{stage}: the {nproc} ranks under torchrun failed (exit code {done.returncode}); each rank's error is printed above")
+        if done.returncode:
+            raise RuntimeError(
+                f"{stage}: the {nproc} ranks under torchrun failed (exit code {done.returncode}); each rank's error is printed above"
+                + "".join(f"\n  rank {r}: {line}" for r, line in _rank_errors(Path(tmp) / "logs"))
+            )
     return json.loads((Path(out_dir) / "metrics.json").read_text())
+
+
+def _rank_errors(log_dir: Path) -> list[tuple[str, str]]:
+    """Each rank's last error line from torchrun's stderr logs (<log_dir>/<run>/attempt_<k>/<rank>/
+    stderr.log): the exception a traceback ends in, else the log's last line that is no warning.
+    The console has every rank's stderr too, interleaved; this keeps the cause in the error."""
+    found = []
+    for log in sorted(log_dir.glob("*/attempt_*/*/stderr.log")):
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+        lines = [ln for ln in lines if "Warning" not in ln and not ln.startswith("return func(")]
+        if lines:
+            found.append((log.parent.name, lines[-1][:400]))
+    return found
 
 
 def from_rank0(obj):
