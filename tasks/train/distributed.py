@@ -73,8 +73,8 @@ def launch(
 
 
 def _rank_errors(log_dir: Path) -> list[tuple[str, str]]:
-    """Each rank's last error line from torchrun's stderr logs (<log_dir>/<run>/attempt_<k>/<rank>/
-    stderr.log): the exception a traceback ends in, else the log's last line that is no warning.
+    """Each rank's last stderr line that is no warning, from torchrun's logs (<log_dir>/<run>/
+    attempt_<k>/<rank>/stderr.log): for a rank that raised, the exception its traceback ends in.
     The console has every rank's stderr too, interleaved; this keeps the cause in the error."""
     found = []
     for log in sorted(log_dir.glob("*/attempt_*/*/stderr.log")):
