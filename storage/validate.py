@@ -163,7 +163,8 @@ def scan_checked(
         # The workers read and check at once: the checks' share of the wall time.
         checking = wall * sum(p.seconds for p in parts) / busy if busy else 0.0
     else:
-        parts = [_check_batches(_numbered(_read_batches(file, path, columns=None)), name, columns, pool.hooks.get(name) if pool else None, written)]
+        hook = pool.hooks.get(name) if pool else None
+        parts = [_check_batches(source_file, _numbered(_read_batches(file, path, columns=None)), name, columns, hook, written)]
         checking = parts[0].seconds
     problems = {k: v for p in parts for k, v in p.problems.items()}
     raws = {k: v for p in parts for k, v in p.raws.items()}
@@ -194,12 +195,12 @@ TASK_ROWS = 50_000  # rows of whole row groups sent to a worker at a time
 class CheckPool:
     """Worker processes (spawned, so no thread state is forked) that check row groups for
     scan_checked; started on first use, stopped by close() or the with block's end.
-    hooks[table name](first row, batch, rows the checks kept) sees every whole batch of that
-    table on its way (in a worker, or in-process for a small file) and what it returns is
+    hooks[table name](file's path, first row, batch, rows the checks kept) sees every whole batch
+    of that table on its way (in a worker, or in-process for a small file) and what it returns is
     handed back in file order; hooks are pickled once per worker. As with any spawned pool,
     a script that starts one needs the `if __name__ == "__main__":` guard."""
 
-    def __init__(self, hooks: dict[str, Callable[[int, pa.RecordBatch, np.ndarray], object]] | None = None, workers: int | None = None) -> None:
+    def __init__(self, hooks: dict[str, Callable[[str, int, pa.RecordBatch, np.ndarray], object]] | None = None, workers: int | None = None) -> None:
         self.hooks = hooks or {}
         self.workers = workers if workers is not None else min(2, os.cpu_count() or 1)
         self._executor: ProcessPoolExecutor | None = None
@@ -249,7 +250,9 @@ class _Checked:
     busy: float = 0.0  # in all, reading included
 
 
-def _check_batches(batches: Iterator[tuple[int, pa.RecordBatch]], name: str, columns: list[str], each_batch, as_written: bool = False) -> _Checked:
+def _check_batches(
+    path: str, batches: Iterator[tuple[int, pa.RecordBatch]], name: str, columns: list[str], each_batch, as_written: bool = False
+) -> _Checked:
     rules = RULES.get(name, Rules())
     out = _Checked()
     t0 = time.perf_counter()
@@ -270,7 +273,7 @@ def _check_batches(batches: Iterator[tuple[int, pa.RecordBatch]], name: str, col
             out.keys.append(batch.column(rules.key).filter(mask))
         out.seconds += time.perf_counter() - t
         if each_batch is not None:
-            out.hooked.append(each_batch(start, batch, keep))
+            out.hooked.append(each_batch(path, start, batch, keep))
     out.busy = time.perf_counter() - t0
     return out
 
@@ -307,7 +310,7 @@ def _check_row_groups(path: str, name: str, columns: list[str], start: int, grou
     """In a worker: _check_batches over row groups `groups` of `path`, the first at row `start`."""
     file = pq.ParquetFile(path)
     batches = file.iter_batches(batch_size=BATCH_ROWS, row_groups=groups)
-    return _check_batches(_numbered(_read_batches(batches, path), start), name, columns, _HOOKS.get(name), as_written)
+    return _check_batches(path, _numbered(_read_batches(batches, path), start), name, columns, _HOOKS.get(name), as_written)
 
 
 def read_rows(path: Path | str, rows: list[int] | np.ndarray) -> pa.Table:
@@ -415,23 +418,30 @@ def invalid_utf8(table: pa.Table | pa.RecordBatch) -> dict[int, tuple[str, str]]
     found: dict[int, tuple[str, str]] = {}
     start = 0
     for batch in _batches(table):
-        for node in _nodes(batch).values():
-            if not _is_string(node.field.type):
+        found.update(_invalid_utf8(_nodes(batch), start))
+        start += batch.num_rows
+    return found
+
+
+def _invalid_utf8(nodes: dict[str, _Node], start: int = 0) -> dict[int, tuple[str, str]]:
+    """invalid_utf8 of one batch, from its nodes; rows numbered from `start`."""
+    found: dict[int, tuple[str, str]] = {}
+    for node in nodes.values():
+        if not _is_string(node.field.type):
+            continue
+        try:
+            node.values.validate(full=True)
+            continue
+        except pa.ArrowInvalid:
+            pass
+        binary = pa.large_binary() if pa.types.is_large_string(node.field.type) else pa.binary()
+        for k, raw in enumerate(node.values.view(binary).to_pylist()):
+            if raw is None:
                 continue
             try:
-                node.values.validate(full=True)
-                continue
-            except pa.ArrowInvalid:
-                pass
-            binary = pa.large_binary() if pa.types.is_large_string(node.field.type) else pa.binary()
-            for k, raw in enumerate(node.values.view(binary).to_pylist()):
-                if raw is None:
-                    continue
-                try:
-                    raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    found.setdefault(start + int(node.rows[k]), (node.path(k), f"invalid UTF-8: {e.reason} at byte {e.start}"))
-        start += batch.num_rows
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                found.setdefault(start + int(node.rows[k]), (node.path(k), f"invalid UTF-8: {e.reason} at byte {e.start}"))
     return found
 
 
@@ -832,12 +842,16 @@ RULES: dict[str, Rules] = {
 
 
 def _batch_problems(batch: pa.RecordBatch, rules: Rules, as_written: bool = False) -> Iterator[Problem]:
-    bad_text = invalid_utf8(batch)
+    nodes = _nodes(batch)
+    bad_text = _invalid_utf8(nodes)
     for row, (path, reason) in bad_text.items():
         yield row, path, reason
     rows = np.setdiff1d(np.arange(batch.num_rows), np.fromiter(bad_text, dtype=np.int64))
-    clean = batch.take(pa.array(rows)) if bad_text else batch  # the other checks need valid text
-    nodes = _nodes(clean)
+    if bad_text:  # the other checks need valid text
+        clean = batch.take(pa.array(rows))
+        nodes = _nodes(clean)
+    else:
+        clean = batch
     checks = [_nulls(nodes), _enums(nodes, rules), _blanks(nodes, rules), _lengths(nodes), _non_finite(nodes)]
     if rules.rows:
         checks.append(rules.rows(clean, nodes))

@@ -30,9 +30,11 @@ scaling of the standardized reward, and optional clipping.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -46,8 +48,8 @@ import pyarrow.ipc
 import pyarrow.parquet as pq
 
 from storage.parquet import TableWriter
-from storage.schema import get_schema, to_table
-from storage.validate import BATCH_ROWS, CheckPool, StageInputs, read_rows, row_json
+from storage.schema import to_table
+from storage.validate import CheckPool, StageInputs, read_rows, row_json
 from tasks.plots import histogram, write_plot
 
 Mode = Literal["per_context", "global", "min_max"]
@@ -137,13 +139,18 @@ def weight_histograms(df: pl.DataFrame) -> dict[str, list[dict]]:
 
 
 # What the join, the statistics and the sort need of a trajectory: everything in the training
-# table but messages, which is read again (alone) for the rows that are written.
+# table but messages, which the check workers spill to disk for the rows to be written.
 KEY_COLUMNS = ["trajectory_id", "env", "task_id", "split", "source", "parent_id", "relabel_id"]
 EXPORT_COLUMNS = ["messages", "reward", "standardized_reward", "weight", "trajectory_id", "task_id", "source", "tools"]
-# Output rows whose messages are put in order in memory at a time; past one such block they
-# are first spilled to disk, one file per block, so memory follows this, not the table.
+# About this many output rows' messages are put in order in memory at a time: a block is a run
+# of whole task contexts (the table's first sort key), so memory follows this (or the largest
+# context), not the table.
 SORT_BLOCK_ROWS = 50_000
 WRITE_ROWS = 20_000  # rows turned into one Arrow table for the writers at a time
+# lz4: the spill is the kept rows' messages, about the input's size uncompressed, and writing
+# that much to disk cost more than compressing it (1M trajectories: 18.1 s against 14.6 s).
+SPILL_OPTIONS = pa.ipc.IpcWriteOptions(compression="lz4")
+EXPORT_QUEUE = 3  # pieces the export's writer may lag behind the training table's
 
 
 def run_standardize(
@@ -155,29 +162,48 @@ def run_standardize(
 
     Streams, so memory follows SORT_BLOCK_ROWS and the small columns, not the tables: inputs
     are row-checked a batch at a time, keeping only the columns the join and the statistics
-    need; messages are read again for the rows written, put in training-table order
-    SORT_BLOCK_ROWS at a time (spilled to a temporary directory past one block) and written
-    WRITE_ROWS at a time. The files are byte for byte what one write of the whole table gives.
-    `phases`, when given, gets the seconds of each phase (read_check, of which check; join;
-    standardize; export). Input files of POOL_MIN_ROWS rows or more are row-checked in
-    `workers` processes (default: up to 2, one per core; 1: in-process)."""
+    need. The messages are decoded once, in the checks: each checked batch's rows that may be
+    written go to a spill file (Arrow IPC) cut by output block, a run of task contexts, so the
+    writes then read each block's messages back, put them in training-table order with one
+    gather and write them WRITE_ROWS at a time. The files are byte for byte what one write of
+    the whole table gives. `phases`, when given, gets the seconds of each phase (read_check, of
+    which check; join; standardize; export). Input files of POOL_MIN_ROWS rows or more are
+    row-checked in `workers` processes (default: up to 2, one per core; 1: in-process)."""
     t0 = time.time()
     clock = _Phases(phases)
     s = params.standardize
     inputs = StageInputs()
     frames = []
     unlabelled_raw: dict[str, dict[int, str]] = {}
-    with CheckPool({"trajectories": _RawsOfUnlabelled(_label_ids(labels), s.splits)}, workers) as pool:
-        for path in trajectory_files:
-            kept, rows, raws = inputs.read_columns(path, "trajectories", KEY_COLUMNS, pool)
-            unlabelled_raw[str(path)] = {row: raw for part in raws for row, raw in part.items()}
-            frames.append(pl.from_arrow(kept).with_columns(_file=pl.lit(str(path)), _row=pl.Series(rows, dtype=pl.Int64)))
-        lab = pl.from_arrow(inputs.read_columns(labels, "labels", ["trajectory_id", "reward", "status"], pool)[0])
+    spilled: dict[str, list[tuple[str, dict[int, int]]]] = {}
+    blocks = _Blocks.of_files(trajectory_files)
+    with tempfile.TemporaryDirectory(prefix="retrosight-standardize-") as spill:
+        hook = _SpillTrajectories(_label_ids(labels), s.splits, blocks, spill)
+        with CheckPool({"trajectories": hook}, workers) as pool:
+            for path in trajectory_files:
+                kept, rows, hooked = inputs.read_columns(path, "trajectories", KEY_COLUMNS, pool)
+                unlabelled_raw[str(path)] = {row: raw for raws, _ in hooked for row, raw in raws.items()}
+                spilled.setdefault(str(path), []).extend(part for _, part in hooked if part is not None)
+                frames.append(pl.from_arrow(kept).with_columns(_file=pl.lit(str(path)), _row=pl.Series(rows, dtype=pl.Int64)))
+            lab = pl.from_arrow(inputs.read_columns(labels, "labels", ["trajectory_id", "reward", "status"], pool)[0])
+        metrics = _standardize_and_write(params, inputs, frames, lab, labels, unlabelled_raw, spilled, blocks, out_dir, clock)
+    metrics["seconds"] = round(time.time() - t0, 1)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    clock.lap("export")
+    return metrics
+
+
+def _standardize_and_write(params, inputs: StageInputs, frames: list[pl.DataFrame], lab: pl.DataFrame, labels: Path,
+                           unlabelled_raw: dict, spilled: dict, blocks: _Blocks, out_dir: Path, clock: _Phases) -> dict:
+    s = params.standardize
     trajs = pl.concat(frames, how="vertical")
+    frames.clear()  # what is not needed is let go before the writes, whose blocks then reuse it
     rows_in = trajs.height
     trajs = trajs.filter(pl.col("split").is_in(s.splits))
+    rows_taken = trajs.height
     clock.lap("read_check", check=inputs.check_seconds)
     joined = trajs.join(lab, on="trajectory_id", how="left", maintain_order="left")
+    del trajs
     # A trajectory whose label row is missing or was quarantined has no reward to standardize.
     unlabelled = joined.filter(pl.col("status").is_null())
     for (path,), rows in unlabelled.group_by("_file", maintain_order=True):
@@ -192,16 +218,17 @@ def run_standardize(
     columns = [c for c in TRAINING_COLUMNS if c != "messages"]
     env = params.env.environment()
     out = refit_weight(out, s.weight, env.reward_range).select(*columns, "_file", "_row").sort("task_id", "trajectory_id")
+    del joined
     clock.lap("standardize")
     tools = env.tools()
-    _write_tables(out, [str(p) for p in trajectory_files], out_dir, None if tools is None else json.dumps(tools, separators=(",", ":")))
+    _write_tables(out, spilled, blocks, out_dir, None if tools is None else json.dumps(tools, separators=(",", ":")))
     for name, hist in weight_histograms(out).items():
         write_plot(hist, out_dir / "plots" / f"{name}.json")
     z = out["standardized_reward"].drop_nulls()
     metrics = {
         "inputs": inputs.write(out_dir),
         "rows_in": rows_in,
-        "rows_other_splits": rows_in - trajs.height,
+        "rows_other_splits": rows_in - rows_taken,
         "rows_out": out.height,
         "mode": s.mode,
         "stats": s.stats,
@@ -212,10 +239,7 @@ def run_standardize(
         "contexts": out["task_id"].n_unique(),
         "contexts_with_variance": out.filter(pl.col("standardize_status") == "ok")["task_id"].n_unique(),
         "standardized_reward": {"min": z.min(), "max": z.max(), "mean": z.mean()} if len(z) else None,
-        "seconds": round(time.time() - t0, 1),
     }
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-    clock.lap("export")
     return metrics
 
 
@@ -230,25 +254,76 @@ def _label_ids(labels: Path) -> np.ndarray:
     return np.sort(_id_hashes(ids))
 
 
-def _id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
-    return pl.Series(ids).hash(seed=0).to_numpy()
+class _Blocks:
+    """Output blocks: runs of whole task contexts in the training table's order (task_id first),
+    about SORT_BLOCK_ROWS rows each, cut from every input row's task_id (read unchecked, before
+    the checks: the rows written are a subset, so no block is bigger). A context of more rows
+    than that is a block of its own."""
+
+    def __init__(self, tasks: pa.Array, block: np.ndarray) -> None:
+        self.tasks, self.block = tasks, block  # task IDs, sorted, and the block of each
+        self.count = int(block[-1]) + 1 if len(block) else 0
+
+    @classmethod
+    def of_files(cls, paths: list[Path]) -> _Blocks:
+        parts = []
+        for path in paths:
+            try:
+                parts.append(pl.from_arrow(pq.ParquetFile(path).read(columns=["task_id"]).column(0)))
+            except (pa.ArrowException, OSError, KeyError):
+                pass  # its checked read reports it
+        if not parts:
+            return cls(pa.array([], pa.string()), np.zeros(0, dtype=np.int64))
+        sizes = pl.concat(parts).alias("task_id").value_counts(sort=False).sort("task_id")
+        before = np.cumsum(sizes["count"].to_numpy()) - sizes["count"].to_numpy()
+        steps = np.diff(before // SORT_BLOCK_ROWS, prepend=0) > 0  # a context that crosses a multiple starts a block
+        return cls(sizes["task_id"].to_arrow().cast(pa.string()), np.cumsum(steps))
+
+    def of(self, task_ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+        at = pc.index_in(task_ids, value_set=self.tasks)
+        if at.null_count:
+            raise RuntimeError("standardize: a task_id changed between the stage's reads of its inputs")
+        return self.block[at.to_numpy(zero_copy_only=False)]
 
 
-class _RawsOfUnlabelled:
-    """While the trajectories are checked (in CheckPool's workers): {row: raw JSON} (for the
-    quarantine) of each kept row of the splits taken that no label row names, so it need not
-    be read again. A hash collision only leaves a raw to be read again (_raws)."""
+class _SpillTrajectories:
+    """In the check workers (CheckPool's hook for the trajectories), for each checked batch:
+    {row: raw JSON} of the kept rows of the splits taken that no label row names (for the
+    quarantine, so they need not be read again), and the messages of the others in a spill file:
+    one Arrow IPC record batch per output block, of the rows' numbers in their file and their
+    messages. Rows spilled but not written (a quarantined label, a duplicate found later, a hash
+    collision) are left out when the blocks are read back."""
 
-    def __init__(self, label_hashes: np.ndarray, splits: list[str]) -> None:
-        self.label_hashes, self.splits = label_hashes, pa.array(splits, pa.string())
+    def __init__(self, label_hashes: np.ndarray, splits: list[str], blocks: _Blocks, spill: str) -> None:
+        self.label_hashes, self.splits, self.blocks, self.spill = label_hashes, pa.array(splits, pa.string()), blocks, spill
 
-    def __call__(self, start: int, batch: pa.RecordBatch, keep: np.ndarray) -> dict[int, str]:
+    def __call__(self, path: str, start: int, batch: pa.RecordBatch, keep: np.ndarray) -> tuple[dict[int, str], tuple[str, dict[int, int]] | None]:
         taken = keep & pc.is_in(batch.column("split"), value_set=self.splits).to_numpy(zero_copy_only=False)
         h = _id_hashes(batch.column("trajectory_id"))
         at = np.minimum(np.searchsorted(self.label_hashes, h), max(len(self.label_hashes) - 1, 0))
         labelled = self.label_hashes[at] == h if len(self.label_hashes) else np.zeros(len(h), dtype=bool)
-        rows = np.flatnonzero(taken & ~labelled).tolist()
-        return dict(zip((start + r for r in rows), row_json(pa.Table.from_batches([batch]), rows)))
+        unlabelled = np.flatnonzero(taken & ~labelled).tolist()
+        raws = dict(zip((start + r for r in unlabelled), row_json(pa.Table.from_batches([batch]), unlabelled)))
+        rows = np.flatnonzero(taken & labelled)
+        if not len(rows):
+            return raws, None
+        block = self.blocks.of(batch.column("task_id").take(pa.array(rows)))
+        order = np.argsort(block, kind="stable")
+        rows, block = rows[order], block[order]
+        messages = _take_lists(batch.column("messages"), rows)  # in block order: each block a slice
+        cuts = np.flatnonzero(np.diff(block)) + 1
+        file = Path(self.spill) / f"{hashlib.sha1(path.encode()).hexdigest()[:12]}-{start}.arrow"
+        index = {}
+        schema = pa.schema([("row", pa.int64()), ("messages", messages.type)])
+        with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, schema, options=SPILL_OPTIONS) as writer:
+            for i, (lo, hi) in enumerate(zip([0, *cuts], [*cuts, len(rows)])):
+                writer.write_batch(pa.record_batch([pa.array(rows[lo:hi] + start), messages.slice(lo, hi - lo)], schema=schema))
+                index[int(block[lo])] = i
+        return raws, (str(file), index)
+
+
+def _id_hashes(ids: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    return pl.Series(ids).hash(seed=0).to_numpy()
 
 
 def _raws(path: str, rows: list[int], known: dict[int, str]) -> list[str]:
@@ -272,58 +347,53 @@ class _Phases:
         self.t = now
 
 
-def _write_tables(out: pl.DataFrame, files: list[str], out_dir: Path, tools: str | None) -> None:
+def _write_tables(out: pl.DataFrame, spilled: dict[str, list[tuple[str, dict[int, int]]]], blocks: _Blocks, out_dir: Path, tools: str | None) -> None:
     """train.parquet and export/train.parquet: `out` (in order, without messages; _file and
-    _row name each row's trajectory) with the messages of those trajectories, and in the export
-    the environment's tools (JSON text) on every row. The export is written in a second thread,
-    beside the training table."""
+    _row name each row's trajectory) with the messages of those trajectories, from the spill
+    files, and in the export the environment's tools (JSON text) on every row. The export is
+    written in a second thread, beside the training table."""
     with TableWriter(out_dir / "train.parquet", "training") as train, TableWriter(out_dir / "export" / "train.parquet", "export") as export, \
             ThreadPoolExecutor(1) as pool:
-        pending = None
-        for start, messages in _messages_in_order(out, files):
+        pending: deque = deque()  # the export's writes, in order (one thread); a few may queue, so neither writer waits on the other's every piece
+        for start, messages in _messages_in_order(out, spilled, blocks):
             for i in range(0, len(messages), WRITE_ROWS):
                 part = messages.slice(i, WRITE_ROWS)
                 block = out.slice(start + i, len(part)).drop("_file", "_row").to_arrow().append_column("messages", part)
-                train.write(block.select(TRAINING_COLUMNS))
-                if pending is not None:
-                    pending.result()
                 block = block.append_column("tools", pa.array([tools] * len(part), pa.string()))
-                pending = pool.submit(export.write, block.select(EXPORT_COLUMNS))
-        if pending is not None:
-            pending.result()
+                pending.append(pool.submit(export.write, block.select(EXPORT_COLUMNS)))
+                train.write(block.select(TRAINING_COLUMNS))
+                while len(pending) > EXPORT_QUEUE or (pending and pending[0].done()):
+                    pending.popleft().result()
+        while pending:
+            pending.popleft().result()
 
 
-def _messages_in_order(out: pl.DataFrame, files: list[str]) -> Iterator[tuple[int, pa.Array]]:
-    """(first row, messages) of `out`'s rows, block by block in `out`'s order: each file's
-    messages are read once, in file order, and sent to the block of their output row."""
-    n = out.height
-    blocks = max(1, -(-n // SORT_BLOCK_ROWS))
-    where = {path: np.full(pq.ParquetFile(path).metadata.num_rows, -1, dtype=np.int64) for path in dict.fromkeys(files)}
+def _messages_in_order(out: pl.DataFrame, spilled: dict[str, list[tuple[str, dict[int, int]]]], blocks: _Blocks) -> Iterator[tuple[int, pa.Array]]:
+    """(first row, messages) of `out`'s rows, block by block in `out`'s order: each block's
+    spilled messages read back and put in order with one gather."""
+    where = {path: np.full(pq.ParquetFile(path).metadata.num_rows, -1, dtype=np.int64) for path in spilled}
     for (path,), rows in out.with_row_index("_at").group_by("_file"):
         where[path][rows["_row"].to_numpy()] = rows["_at"].to_numpy()
-    with tempfile.TemporaryDirectory(prefix="retrosight-standardize-") as spill:
-        sinks = [_Block(Path(spill) / f"{b}.arrow", spilled=blocks > 1) for b in range(blocks)]
-        for path, at in where.items():
-            start = 0
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=BATCH_ROWS, columns=["messages"]):
-                pos = at[start : start + batch.num_rows]
-                start += batch.num_rows
-                taken = np.flatnonzero(pos >= 0)
-                block = pos[taken] // SORT_BLOCK_ROWS
-                for b in np.unique(block):
-                    rows = taken[block == b]
-                    sinks[b].add(pos[rows], batch.column(0) if len(rows) == batch.num_rows else _take_lists(batch.column(0), rows))
-        for b, sink in enumerate(sinks):
-            pos, messages = sink.read()
-            order = np.argsort(pos)
-            first = b * SORT_BLOCK_ROWS
-            expected = np.arange(first, min(first + SORT_BLOCK_ROWS, n))
-            if not np.array_equal(pos[order], expected):
-                raise RuntimeError(f"standardize: block {b} holds {len(pos)} rows, expected rows {first}..{expected[-1] if len(expected) else first}")
-            ordered = _take_lists(messages, order)
-            del messages  # a block's messages are held once, in order, while they are written
-            if len(order):
-                yield first, ordered
+    sizes = np.bincount(blocks.of(out["task_id"].to_arrow()), minlength=blocks.count) if out.height else np.zeros(0, dtype=np.int64)
+    firsts = np.cumsum(sizes) - sizes
+    readers = {file: pa.ipc.open_file(pa.OSFile(file)) for parts in spilled.values() for file, _ in parts}  # read, not mapped: memory is the block's
+    for b in np.flatnonzero(sizes):
+        yield int(firsts[b]), _block_in_order(int(b), [
+            (where[path], readers[file].get_batch(index[b])) for path, entries in spilled.items() for file, index in entries if b in index
+        ], int(firsts[b]), int(sizes[b]))
+
+
+def _block_in_order(b: int, parts: list[tuple[np.ndarray, pa.RecordBatch]], first: int, n: int) -> pa.Array:
+    """The messages of output rows first..first+n-1 from block b's spilled batches, each with
+    its file's output row of each file row (-1: not written)."""
+    pos = np.concatenate([where[batch.column(0).to_numpy()] for where, batch in parts]) if parts else np.zeros(0, dtype=np.int64)
+    written = np.flatnonzero(pos >= 0)
+    order = written[np.argsort(pos[written])]
+    if not np.array_equal(pos[order], np.arange(first, first + n)):
+        raise RuntimeError(f"standardize: block {b} holds {len(order)} of its rows' messages, expected rows {first}..{first + n - 1}")
+    messages = pa.concat_arrays([batch.column(1) for _, batch in parts])
+    parts.clear()  # held once, in order, while they are written
+    return _take_lists(messages, order)
 
 
 def _take_lists(lists: pa.Array, rows: np.ndarray) -> pa.Array:
@@ -337,35 +407,7 @@ def _take_lists(lists: pa.Array, rows: np.ndarray) -> pa.Array:
     np.cumsum(lengths, out=new[1:])
     child = pa.array(np.repeat(starts - new[:-1], lengths) + np.arange(new[-1], dtype=np.int32))
     values = lists.values
-    struct = pa.StructArray.from_arrays([values.field(i).take(child) for i in range(values.type.num_fields)], fields=list(values.type))
+    fields = [values.field(i) for i in range(values.type.num_fields)]
+    taken = [pa.nulls(len(child), f.type) if f.null_count == len(f) else f.take(child) for f in fields]  # an unused optional key: nothing to gather
+    struct = pa.StructArray.from_arrays(taken, fields=list(values.type))
     return pa.ListArray.from_arrays(pa.array(new), struct, type=lists.type)
-
-
-class _Block:
-    """The messages of one block of output rows, with their output row numbers; in memory, or
-    in an Arrow IPC file (lz4) while the others are being filled."""
-
-    def __init__(self, path: Path, spilled: bool) -> None:
-        self.path, self.spilled = path, spilled
-        self.positions: list[np.ndarray] = []
-        self.parts: list[pa.Array] = []
-        self.writer = None
-
-    def add(self, pos: np.ndarray, messages: pa.Array) -> None:
-        self.positions.append(pos)
-        if not self.spilled:
-            self.parts.append(messages)
-            return
-        batch = pa.record_batch([messages], names=["messages"])
-        if self.writer is None:
-            self.writer = pa.ipc.new_file(str(self.path), batch.schema, options=pa.ipc.IpcWriteOptions(compression="lz4"))
-        self.writer.write_batch(batch)
-
-    def read(self) -> tuple[np.ndarray, pa.Array]:
-        pos = np.concatenate(self.positions) if self.positions else np.zeros(0, dtype=np.int64)
-        if self.writer is not None:
-            self.writer.close()
-            self.parts = pa.ipc.open_file(str(self.path)).read_all().column(0).chunks
-        messages = pa.concat_arrays(self.parts) if self.parts else pa.array([], get_schema("training").schema.field("messages").type)
-        self.parts = []
-        return pos, messages

@@ -187,8 +187,7 @@ def test_streaming_in_small_batches_and_blocks_writes_the_same_bytes(faulty_inpu
     params = load_params(ROOT / "params.yaml")
     whole = stage.run_standardize(params, files, labels, tmp_path / "whole")
     monkeypatch.setattr(validate, "BATCH_ROWS", 7)  # many check batches per file
-    monkeypatch.setattr(stage, "BATCH_ROWS", 7)
-    monkeypatch.setattr(stage, "SORT_BLOCK_ROWS", 25)  # many blocks, spilled to disk
+    monkeypatch.setattr(stage, "SORT_BLOCK_ROWS", 25)  # many output blocks in each batch's spill file
     monkeypatch.setattr(stage, "WRITE_ROWS", 10)
     monkeypatch.setattr(validate, "POOL_MIN_ROWS", 0)  # checked in worker processes
     phases = {}
@@ -222,7 +221,7 @@ def test_scan_checked_keeps_and_quarantines_what_read_checked_does(faulty_inputs
     assert pc.all(pc.equal(pq.read_table(path).take(pa.array(rows)).column("trajectory_id"), kept.column("trajectory_id"))).as_py()
 
 
-def _kept_rows(start, batch, keep):
+def _kept_rows(path, start, batch, keep):
     return (start, batch.num_rows, int(keep.sum()))
 
 
