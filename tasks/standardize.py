@@ -376,11 +376,17 @@ def _messages_in_order(out: pl.DataFrame, spilled: dict[str, list[tuple[str, dic
         where[path][rows["_row"].to_numpy()] = rows["_at"].to_numpy()
     sizes = np.bincount(blocks.of(out["task_id"].to_arrow()), minlength=blocks.count) if out.height else np.zeros(0, dtype=np.int64)
     firsts = np.cumsum(sizes) - sizes
-    readers = {file: pa.ipc.open_file(pa.OSFile(file)) for parts in spilled.values() for file, _ in parts}  # read, not mapped: memory is the block's
     for b in np.flatnonzero(sizes):
         yield int(firsts[b]), _block_in_order(int(b), [
-            (where[path], readers[file].get_batch(index[b])) for path, entries in spilled.items() for file, index in entries if b in index
+            (where[path], _spilled_batch(file, index[b])) for path, entries in spilled.items() for file, index in entries if b in index
         ], int(firsts[b]), int(sizes[b]))
+
+
+def _spilled_batch(file: str, i: int) -> pa.RecordBatch:
+    """Record batch i of a spill file: opened for it and closed (a big table has more spill files
+    than a process may hold open), read rather than mapped, so memory is the block's alone."""
+    with pa.OSFile(file) as source:
+        return pa.ipc.open_file(source).get_batch(i)
 
 
 def _block_in_order(b: int, parts: list[tuple[np.ndarray, pa.RecordBatch]], first: int, n: int) -> pa.Array:
