@@ -114,6 +114,10 @@ class Game(ABC):
 
     task: Task
     max_turns: int
+    # Games of this kind played at once without extra cost (None: any number). A simulator that
+    # holds so many worlds sets it, so a rollout admits games as others end rather than all at
+    # once (many more live games than worlds would make each step replay most of them).
+    concurrency: int | None = None
 
     @abstractmethod
     def reset(self) -> tuple[list[Message], dict[str, Any]]:

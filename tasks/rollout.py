@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -219,26 +220,32 @@ def ask(simulator: Simulator | None, episodes: Sequence[Episode], texts: list[st
 def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rollout", simulator: Simulator | None = None) -> list[Episode]:
     """Step every live episode together until all are done; a progress bar counts finished ones.
     The simulator (default: the environment's oracle) answers every live episode's action in
-    one batch per step (see ask)."""
-    live = [e for e in episodes if not e.done]
+    one batch per step (see ask). Where the games bound how many play at once (Game.concurrency),
+    the next waiting one starts as one ends; each turn's seed is its episode's, so an episode
+    plays the same either way."""
+    waiting = deque(e for e in episodes if not e.done)
+    cap = min((e.game.concurrency for e in waiting if e.game.concurrency), default=None)
+    live: list[Episode] = []
     step = 0
     with Progress(
         TextColumn(f"[bold]{label}[/]"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("turn {task.fields[turn]}"),
+        TextColumn("step {task.fields[turn]}"),
         TimeElapsedColumn(),
         transient=False,
     ) as progress:
-        bar = progress.add_task(label, total=len(episodes), completed=len(episodes) - len(live), turn=0)
-        while live:
+        bar = progress.add_task(label, total=len(episodes), completed=len(episodes) - len(waiting), turn=0)
+        while waiting or live:
+            while waiting and (cap is None or len(live) < cap):
+                live.append(waiting.popleft())
             texts = agent.act(live, derive_seed(run_seed, label, step))
             answers = ask(simulator, live, texts)
             for ep, text, answer in zip(live, texts, answers, strict=True):
                 ep.apply(text, answer)
             live = [e for e in live if not e.done]
             step += 1
-            progress.update(bar, completed=len(episodes) - len(live), turn=step)
+            progress.update(bar, completed=len(episodes) - len(live) - len(waiting), turn=step)
     return episodes
 
 

@@ -67,6 +67,28 @@ def test_generation_is_batched_across_live_episodes(model_dir, monkeypatch):
     assert sizes[0] == 5 and len(sizes) == max(len(e.turns) for e in eps)
 
 
+def test_a_bound_on_games_at_once_admits_each_as_another_ends_and_plays_them_the_same(model_dir, monkeypatch):
+    """Game.concurrency (a simulator holding so many worlds): no step carries more live games
+    than the bound, the waiting ones start as others end, and each episode plays as unbounded."""
+    from models.hf import HFGenerator
+    from tasks.rollout import new_episode, play
+    from models.base import SamplingParams
+
+    gen = HFGenerator(model_dir, batch_size=64)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=8)
+    tasks = load_kb().split("train")[:5]
+    free = play([new_episode(twenty_questions(4), t, i) for i, t in enumerate(tasks)], LMAgent(gen, sampling), 0)
+    sizes = []
+    original = gen.generate
+    monkeypatch.setattr(gen, "generate", lambda convs, s, seed: sizes.append(len(convs)) or original(convs, s, seed))
+    bounded = [new_episode(twenty_questions(4), t, i) for i, t in enumerate(tasks)]
+    for e in bounded:
+        e.game.concurrency = 2
+    play(bounded, LMAgent(gen, sampling), 0)
+    assert max(sizes) == 2 and sum(sizes) == sum(len(e.turns) for e in bounded)
+    assert [e.messages for e in bounded] == [e.messages for e in free]
+
+
 def test_logging_temperatures_give_each_task_one_trajectory_at_each(model_dir, tmp_path):
     """Refit/Swift's logging: m = 3 per task, one at each temperature, named in the policy_id and
     reported side by side; m must be a multiple of the temperatures."""

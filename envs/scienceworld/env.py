@@ -132,6 +132,7 @@ class ScienceWorldGame(BaseGame):
     def __init__(self, env: ScienceWorld, task: Task):
         self.env, self.task = env, task
         self.max_turns = env.step_limit(task.task_type)
+        self.concurrency = env.settings.simulators * env.settings.worlds
         self.sim = simulator.Episode(env.pool, task.task_type, task.variation, task.id)
         self.history: list[tuple[str | None, str]] = []  # (action sent, or None when it did not parse; observation)
         self.score = 0  # the simulator's last score
