@@ -104,3 +104,21 @@ def test_the_shipped_base_verifies_and_matches_params_yaml():
     assert provenance["command"].startswith("python bench/base_checkpoint.py")
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     assert size < 12e6, f"the shipped base is {size / 1e6:.1f} MB"
+
+
+def test_the_shipped_scienceworld_base_serves_its_preset_and_only_it():
+    """models/base/scienceworld: its files verify, StepAgent's ScienceWorld preset starts from it,
+    and ScienceWorld under params.yaml's bootstrap keys trains its own, naming a difference."""
+    import yaml
+
+    from tasks.params import lay_preset, read_preset
+
+    raw = yaml.safe_load((ROOT / "params.yaml").read_text())
+    lay_preset(raw, read_preset(ROOT / "bench/presets/stepagent_scienceworld.yaml"))
+    provenance = verify(ROOT / "models/base/scienceworld")
+    path, _, why = shipped_base(Params.model_validate(raw))
+    assert path == ROOT / "models/base/scienceworld", why
+    assert provenance["command"] == "python bench/base_checkpoint.py --preset=bench/presets/stepagent_scienceworld.yaml"
+    plain = yaml.safe_load((ROOT / "params.yaml").read_text()) | {"env": {"name": "scienceworld"}}
+    path, _, why = shipped_base(Params.model_validate(plain))
+    assert path is None and "trained with other keys" in why and "demos_per_task" in why
