@@ -231,11 +231,11 @@ def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rol
         TextColumn(f"[bold]{label}[/]"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("step {task.fields[turn]}"),
+        TextColumn("step {task.fields[step]}"),
         TimeElapsedColumn(),
         transient=False,
     ) as progress:
-        bar = progress.add_task(label, total=len(episodes), completed=len(episodes) - len(waiting), turn=0)
+        bar = progress.add_task(label, total=len(episodes), completed=len(episodes) - len(waiting), step=0)
         while waiting or live:
             while waiting and (cap is None or len(live) < cap):
                 live.append(waiting.popleft())
@@ -245,7 +245,7 @@ def play(episodes: list[Episode], agent: Agent, run_seed: int, label: str = "rol
                 ep.apply(text, answer)
             live = [e for e in live if not e.done]
             step += 1
-            progress.update(bar, completed=len(episodes) - len(live) - len(waiting), turn=step)
+            progress.update(bar, completed=len(episodes) - len(live) - len(waiting), step=step)
     return episodes
 
 
